@@ -1,0 +1,1 @@
+"""Shared codec library: trim primitive, markers, codecs, policies, envelopes, tokens"""

@@ -1,0 +1,83 @@
+"""`python -m ctxbuild_devstack up|down|status|logs` — the Makefile's stack commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .stack import INFRA, SERVICES, Stack, StackError
+
+app = typer.Typer(add_completion=False, help="Run the ctxbuild local stack (no Docker).")
+console = Console()
+DirOpt = Annotated[Path, typer.Option("--dir", help="stack state directory")]
+
+
+@app.command()
+def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help="only NATS, Postgres, S3")) -> None:
+    """Start NATS, PostgreSQL, SeaweedFS and the six services (idempotent)."""
+    st = Stack.load(dir)
+    try:
+        with console.status("starting infrastructure…"):
+            st.start_infra()
+        if not infra_only:
+            for name in SERVICES:
+                with console.status(f"starting {name}…"):
+                    st.start_service(name)
+    except StackError as exc:
+        console.print(f"[red]stack failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"[green]stack up[/green]; environment in {st.env_file}")
+
+
+@app.command()
+def down(dir: DirOpt = Path(".stack")) -> None:
+    """Stop services (SIGTERM, drain) then infrastructure."""
+    Stack.load(dir).down()
+    console.print("stack down")
+
+
+@app.command()
+def status(dir: DirOpt = Path(".stack")) -> None:
+    """Show each process, whether it is alive and ready."""
+    st = Stack.load(dir)
+    t = Table("component", "pid", "alive", "ready", "log")
+    rows = st.status()
+    for name in [*INFRA, *SERVICES]:
+        r = rows.get(name)
+        if r is None:
+            t.add_row(name, "-", "no", "-", "-")
+        else:
+            ready = {True: "yes", False: "no"}.get(r.get("ready"), "-")
+            t.add_row(name, str(r["pid"]), "yes" if r["alive"] else "no", ready, r["log"])
+    console.print(t)
+    if not all(r["alive"] for r in rows.values()) or not rows:
+        raise typer.Exit(1)
+
+
+@app.command()
+def logs(name: Annotated[str | None, typer.Argument()] = None, dir: DirOpt = Path(".stack"),
+         lines: int = 40) -> None:
+    """Print the last lines of one component's log, or of all."""
+    st = Stack.load(dir)
+    names = [name] if name else [*INFRA, *SERVICES]
+    for n in names:
+        p = st.logs / f"{n}.log"
+        if p.exists():
+            console.rule(n)
+            console.print("\n".join(p.read_text(errors="replace").splitlines()[-lines:]), markup=False,
+                          highlight=False)
+
+
+@app.command()
+def env(dir: DirOpt = Path(".stack")) -> None:
+    """Print the environment the services read (shell `export` lines)."""
+    for k, v in sorted(Stack.load(dir).env.items()):
+        print(f"export {k}={v}")
+
+
+if __name__ == "__main__":
+    app()

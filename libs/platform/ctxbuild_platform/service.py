@@ -1,0 +1,89 @@
+"""Service runner: a FastStream NATS app behind uvicorn with health endpoints and graceful SIGTERM.
+
+- ``/healthz`` liveness: the process answers (nothing else — a dead dependency must not restart us).
+- ``/readyz`` readiness: broker connected + every dependency check of the service.
+- SIGTERM: uvicorn stops taking HTTP, the lifespan shuts FastStream down: subscriptions drain (in-flight
+  handlers finish within ``drain_timeout_s``), then the connection closes and the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import uvicorn
+from faststream.asgi import AsgiFastStream, AsgiResponse, get
+from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+
+from .logging import configure_logging
+from .settings import ServiceSettings
+from .telemetry import configure_tracing
+
+ReadinessCheck = Callable[[], Awaitable[bool]]
+
+
+def make_broker(settings: ServiceSettings) -> NatsBroker:
+    provider = configure_tracing(settings.service_name,
+                                 str(settings.otel_exporter_otlp_endpoint or "") or None)
+    return NatsBroker(
+        str(settings.nats_url),
+        name=f"ctxbuild-{settings.service_name}",
+        middlewares=[NatsTelemetryMiddleware(tracer_provider=provider)],
+        graceful_timeout=settings.drain_timeout_s,
+        max_reconnect_attempts=-1,
+        logger=None,
+    )
+
+
+def make_app(settings: ServiceSettings, broker: NatsBroker, *,
+             readiness: Sequence[tuple[str, ReadinessCheck]] = (),
+             on_startup: Sequence[Callable[[], Awaitable[Any]]] = (),
+             after_startup: Sequence[Callable[[], Awaitable[Any]]] = (),
+             on_shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
+             extra_routes: Sequence[tuple[str, Any]] = ()) -> AsgiFastStream:
+    log = configure_logging(settings.service_name, settings.log_level)
+    # uvicorn serves HTTP before FastStream has subscribed; ready only once after_startup has run
+    state = {"started": False}
+
+    @get(include_in_schema=False)
+    async def healthz(scope: Any) -> AsgiResponse:
+        return AsgiResponse(b'{"status":"alive"}', 200, headers={"content-type": "application/json"})
+
+    @get(include_in_schema=False)
+    async def readyz(scope: Any) -> AsgiResponse:
+        failing: list[str] = [] if state["started"] else ["starting"]
+        if not await broker.ping(timeout=1.0):
+            failing.append("nats")
+        for name, check in readiness:
+            try:
+                ok = await asyncio.wait_for(check(), timeout=2.0)
+            except Exception:  # noqa: BLE001 - any failure is "not ready"
+                ok = False
+            if not ok:
+                failing.append(name)
+        if failing:
+            body = ('{"status":"not-ready","failing":[%s]}' % ",".join(f'"{f}"' for f in failing)).encode()
+            return AsgiResponse(body, 503, headers={"content-type": "application/json"})
+        return AsgiResponse(b'{"status":"ready"}', 200, headers={"content-type": "application/json"})
+
+    async def started() -> None:
+        state["started"] = True
+        log.info("service-started", http_port=settings.http_port)
+
+    return AsgiFastStream(
+        broker,
+        asgi_routes=[("/healthz", healthz), ("/readyz", readyz), *extra_routes],
+        on_startup=list(on_startup),
+        after_startup=[*after_startup, started],
+        on_shutdown=list(on_shutdown),
+        logger=None,
+    )
+
+
+def serve(app: Any, settings: ServiceSettings) -> None:
+    """Run until SIGTERM/SIGINT; uvicorn installs the signal handlers and runs the lifespan shutdown."""
+    uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_config=None,
+                access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 1,
+                lifespan="on")

@@ -1,0 +1,21 @@
+"""Settings shared by every service; each service subclasses with its own fields (one BaseSettings each)."""
+
+from __future__ import annotations
+
+from pydantic import AnyUrl, Field, NatsDsn
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CTX_", env_file=None, extra="ignore")
+
+    service_name: str = Field(description="logical service name (resource attribute, log field)")
+    nats_url: NatsDsn = Field(description="NATS server URL")
+    http_port: int = Field(8080, description="health/metrics HTTP port")
+    http_host: str = "127.0.0.1"
+    log_level: str = "INFO"
+    otel_exporter_otlp_endpoint: AnyUrl | None = Field(
+        None, description="OTLP/HTTP traces endpoint; unset = spans are created but not exported")
+    drain_timeout_s: float = Field(10.0, description="SIGTERM: time to finish in-flight requests")
+    max_workers: int = Field(16, description="concurrent handlers per subscriber")
+    request_timeout_s: float = Field(10.0, description="default timeout for requests to other services")

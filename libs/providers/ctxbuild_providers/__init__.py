@@ -1,0 +1,1 @@
+"""LLM provider adapters (replay for offline runs; real SDK adapters later)"""

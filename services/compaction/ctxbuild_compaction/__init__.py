@@ -1,0 +1,1 @@
+"""Compaction service: turn-start and in-loop compaction"""

@@ -1,0 +1,1 @@
+"""MCP catalog service: MCP clients, tool cache, resolution, invocation"""

@@ -1,0 +1,1 @@
+"""Orchestration service: HTTP/SSE edge and the turn runner"""

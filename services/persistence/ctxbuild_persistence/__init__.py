@@ -1,0 +1,1 @@
+"""Persistence service: event store, outbox relay, projections, history"""

@@ -1,0 +1,1 @@
+"""Truncation service: the in-flight lane"""
