@@ -246,7 +246,7 @@ class Stack:
                                        "s3", "s3_grpc")}
         argv = [_bin("weed"), "server", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-                "-master.volumeSizeLimitMB=256", "-volume.max=0",
+                "-master.volumeSizeLimitMB=256", "-volume.max=0", "-volume.preStopSeconds=0",
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
                 "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
                 "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}", f"-s3.config={cfg}",
@@ -303,10 +303,17 @@ class Stack:
         self.start_services(services)
 
     # ---------- stopping ----------
-    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    def stop(self, name: str, sig: int | None = None, timeout: float = 20) -> None:
         info = self.procs.get(name)
         if not info:
             return
+        if sig is None:
+            # postgres: SIGTERM is a "smart" shutdown that waits for clients; SIGINT is the fast, clean one
+            sig = signal.SIGINT if name == "postgres" else signal.SIGTERM
+        if name == "s3":
+            # weed waits ~15 s for its gRPC peers on SIGTERM; blobs are written object-first, so a short
+            # grace then SIGKILL loses nothing that was acknowledged
+            timeout = min(timeout, 3)
         pid = info["pid"]
         try:
             os.killpg(pid, sig)
