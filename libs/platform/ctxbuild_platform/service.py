@@ -24,17 +24,22 @@ from .telemetry import configure_tracing
 ReadinessCheck = Callable[[], Awaitable[bool]]
 
 
-def make_broker(settings: ServiceSettings) -> NatsBroker:
+def broker_options(settings: ServiceSettings) -> dict[str, Any]:
+    """Connection options shared by a plain NatsBroker and FastStream's FastAPI NatsRouter."""
     provider = configure_tracing(settings.service_name,
                                  str(settings.otel_exporter_otlp_endpoint or "") or None)
-    return NatsBroker(
-        str(settings.nats_url),
+    return dict(
+        servers=str(settings.nats_url),
         name=f"ctxbuild-{settings.service_name}",
         middlewares=[NatsTelemetryMiddleware(tracer_provider=provider)],
         graceful_timeout=settings.drain_timeout_s,
         max_reconnect_attempts=-1,
         logger=None,
     )
+
+
+def make_broker(settings: ServiceSettings) -> NatsBroker:
+    return NatsBroker(**broker_options(settings))
 
 
 def make_app(settings: ServiceSettings, broker: NatsBroker, *,

@@ -1,1 +1,7 @@
-"""LLM provider adapters (replay for offline runs; real SDK adapters later)"""
+"""LLM provider adapters: the interface, byte-stable rendering, and the offline replay provider."""
+
+from .base import ModelRequest, ModelResponse, Provider, ProviderError, ToolSpec
+from .replay import ReplayProvider, last_offload_uri
+
+__all__ = ["ModelRequest", "ModelResponse", "Provider", "ProviderError", "ReplayProvider", "ToolSpec",
+           "last_offload_uri"]

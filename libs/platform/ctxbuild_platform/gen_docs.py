@@ -1,0 +1,89 @@
+"""Generate contracts/asyncapi.json (all services' NATS subjects) and contracts/openapi.json (HTTP edge).
+
+`python -m ctxbuild_platform.gen_docs contracts [--check]`. Each service's `__main__` exposes
+`create_app()`; its broker's subscribers become AsyncAPI channels, and each channel's payload points at the
+subject's JSON Schema contract so the document and the validation use the same schemas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SERVICES = ("blobstore", "persistence", "truncation", "compaction", "mcp_catalog", "orchestration")
+# doc generation builds the apps without connecting; required settings get inert placeholders
+PLACEHOLDER_ENV = {
+    "CTX_NATS_URL": "nats://127.0.0.1:4222",
+    "CTX_DATABASE_URL": "postgresql://placeholder@127.0.0.1:5432/placeholder",
+    "CTX_S3_ENDPOINT": "http://127.0.0.1:8333",
+    "CTX_S3_ACCESS_KEY": "placeholder",
+    "CTX_S3_SECRET_KEY": "placeholder",
+    "CTX_S3_BUCKET": "placeholder",
+}
+
+
+def _apps() -> dict[str, Any]:
+    for k, v in PLACEHOLDER_ENV.items():
+        os.environ.setdefault(k, v)
+    apps = {}
+    for svc in SERVICES:
+        os.environ["CTX_SERVICE_NAME"] = svc
+        apps[svc] = importlib.import_module(f"ctxbuild_{svc}.__main__").create_app()
+    return apps
+
+
+def _broker(app: Any) -> Any:
+    broker = getattr(app, "broker", None)
+    return broker if broker is not None else app.state.broker
+
+
+def asyncapi(apps: dict[str, Any], contracts: Path) -> dict[str, Any]:
+    from faststream.specification import AsyncAPI
+
+    spec = AsyncAPI(*[_broker(a) for a in apps.values()], title="ctxbuild", version="0.1.0",
+                    description="NATS subjects of the ctxbuild services. Payload schemas are the JSON Schemas "
+                                "in this folder; every reply is contracts/common/reply.json.",
+                    schema_version="3.0.0").to_specification().to_jsonable()
+    for channel in spec.get("channels", {}).values():
+        subject = channel.get("address", "")
+        req, rep = contracts / "subjects" / f"{subject}.request.json", contracts / "subjects" / f"{subject}.reply.json"
+        for msg in channel.get("messages", {}).values():
+            if req.exists():
+                msg["payload"] = {"$ref": f"./subjects/{req.name}"}
+            if rep.exists():
+                msg["x-reply-payload"] = {"$ref": f"./subjects/{rep.name}"}
+    return spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--check", action="store_true", help="fail if the files differ from what the code generates")
+    args = ap.parse_args(argv)
+    apps = _apps()
+    docs = {
+        "asyncapi.json": asyncapi(apps, args.out),
+        "openapi.json": apps["orchestration"].openapi(),
+    }
+    drift = []
+    for name, doc in docs.items():
+        text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        path = args.out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                drift.append(name)
+        else:
+            path.write_text(text)
+    if drift:
+        print(f"generated contract documents are stale: {', '.join(drift)}; run `make contracts`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

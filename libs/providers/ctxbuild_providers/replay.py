@@ -1,0 +1,120 @@
+"""The replay provider: plays back recorded/scripted model decisions, offline and deterministic.
+
+A script is a list of steps; step *k* of a turn answers the *k*-th model call of that turn. A step is
+``{"text": "…"}`` (final answer) or ``{"toolCalls": [{"toolName": …, "input": {…}}], "text"?: …}``.
+Input strings may use ``{{last_offload_uri}}`` (the newest offloaded tool output the model has been shown) or
+``{{offload_uri:K}}`` (the K-th, 1-based, in the order shown): the model can only cite what is in its context,
+so the replay reads URIs from the request.
+
+A tool name ``mcp:<server>/<tool>`` names an MCP tool without its hashed id; it resolves against the tools
+offered in the request (``mcp__<server>__<tool>_<hash>``).
+
+Usage is reported as the shared tokenizer's count of the rendered request (a replay has no provider meter).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ctxbuild_codec.tokens import count_messages, count_text
+
+from .base import ModelRequest, ModelResponse, ProviderError
+
+_URI = re.compile(r"context://vfs/vfs_[0-9a-f]{16}\.txt")
+
+
+_SLOT = re.compile(r"\{\{(last_offload_uri|offload_uri:(-?\d+))\}\}")
+
+
+def offload_uris(messages: list[dict[str, Any]]) -> list[str]:
+    """Archive URIs in the order the model was shown them (typed offload first, else marker text)."""
+    uris: list[str] = []
+    for m in messages:
+        for p in m.get("parts", []):
+            if p.get("type") != "tool-result":
+                continue
+            off = p.get("offload") or {}
+            if off.get("uri"):
+                uris.append(off["uri"])
+                continue
+            value = (p.get("output") or {}).get("value")
+            if isinstance(value, str):
+                uris.extend(_URI.findall(value))
+    return uris
+
+
+def last_offload_uri(messages: list[dict[str, Any]]) -> str | None:
+    uris = offload_uris(messages)
+    return uris[-1] if uris else None
+
+
+def _substitute(value: Any, messages: list[dict[str, Any]]) -> Any:
+    if isinstance(value, str) and "{{" in value:
+        def fill(match: re.Match[str]) -> str:
+            uris = offload_uris(messages)
+            k = -1 if match.group(1) == "last_offload_uri" else int(match.group(2))
+            idx = k if k < 0 else k - 1
+            if not uris or not -len(uris) <= idx < len(uris):
+                raise ProviderError(f"replay script asks for {match.group(0)}; {len(uris)} outputs archived")
+            return uris[idx]
+
+        return _SLOT.sub(fill, value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, messages) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, messages) for v in value]
+    return value
+
+
+def _resolve_tool_name(name: str, offered: list[str]) -> str:
+    if not name.startswith("mcp:"):
+        return name
+    server, _, tool = name[4:].partition("/")
+    prefix = f"mcp__{server}__{tool}_"
+    for candidate in offered:
+        if candidate.startswith(prefix):
+            return candidate
+    raise ProviderError(f"replay script calls {name} but no offered tool matches {prefix}*")
+
+
+class ReplayProvider:
+    name = "replay"
+
+    def __init__(self, script: list[dict[str, Any]], turn_key: str = "turn") -> None:
+        if not script:
+            raise ProviderError("empty replay script")
+        self.script = script
+        self.turn_key = turn_key
+
+    @staticmethod
+    def _step_index(messages: list[dict[str, Any]]) -> int:
+        """Model calls already made in this turn = assistant messages after the last user message."""
+        k = 0
+        for m in reversed(messages):
+            if m["role"] == "user":
+                break
+            if m["role"] == "assistant":
+                k += 1
+        return k
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        k = self._step_index(request.messages)
+        if k >= len(self.script):
+            raise ProviderError(f"replay script has {len(self.script)} steps; step {k + 1} requested")
+        step = self.script[k]
+        parts: list[dict[str, Any]] = []
+        if step.get("text"):
+            parts.append({"type": "text", "text": step["text"]})
+        for i, call in enumerate(step.get("toolCalls", [])):
+            name = _resolve_tool_name(call["toolName"], [t.name for t in request.tools])
+            parts.append({"type": "tool-call", "toolCallId": f"call_{k + 1}_{i + 1}", "toolName": name,
+                          "input": _substitute(call.get("input", {}), request.messages)})
+        tools_json = json.dumps([t.as_dict() for t in request.tools], ensure_ascii=False)
+        usage = {
+            "inputTokens": count_text(request.system) + count_text(tools_json) + count_messages(request.messages),
+            "outputTokens": count_messages([{"parts": parts}]),
+        }
+        stop = "tool_calls" if any(p["type"] == "tool-call" for p in parts) else "stop"
+        return ModelResponse(parts=parts, usage=usage, stop_reason=stop)

@@ -1,0 +1,1 @@
+"""I/O adapters: Postgres (asyncpg), S3 (minio in a thread), schema migrations (yoyo)."""

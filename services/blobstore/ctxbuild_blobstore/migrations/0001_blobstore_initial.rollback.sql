@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS blobstore.attachments;
+DROP TABLE IF EXISTS blobstore.refs;
+DROP TABLE IF EXISTS blobstore.blobs;

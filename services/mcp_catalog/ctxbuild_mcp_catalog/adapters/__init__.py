@@ -1,0 +1,1 @@
+"""I/O edges of the MCP catalog: MCP client sessions (stdio) and the tool cache."""

@@ -1,0 +1,39 @@
+"""Map an MCP ``tools/call`` result to a ToolOutput (contracts/model/tool-output.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MAX_ERROR_CHARS = 20_000
+
+
+def content_output(blocks: Sequence[Mapping[str, Any]], structured: Any = None) -> dict[str, Any]:
+    """A successful call: the MCP content blocks as they came. A result that only has structured content
+    gets one text block with its compact JSON (the spec asks servers to send both; some don't)."""
+    value = [dict(b) for b in blocks]
+    if not value and structured is not None:
+        value = [{"type": "text", "text": json.dumps(structured, ensure_ascii=False, separators=(",", ":"))}]
+    return {"type": "content", "value": value}
+
+
+def error_text(message: str) -> dict[str, Any]:
+    return {"type": "error-text", "value": message[:MAX_ERROR_CHARS]}
+
+
+def error_from_blocks(blocks: Sequence[Mapping[str, Any]], structured: Any = None) -> dict[str, Any]:
+    """A call the tool itself reported as failed (``isError``): its text blocks joined; else the blocks as
+    JSON; else a generic message."""
+    texts = [b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)]
+    if texts:
+        return error_text("\n".join(texts))
+    if blocks:
+        return error_text(json.dumps(list(blocks), ensure_ascii=False, separators=(",", ":")))
+    if structured is not None:
+        return error_text(json.dumps(structured, ensure_ascii=False, separators=(",", ":")))
+    return error_text("the tool reported an error without details")
+
+
+def call_output(blocks: Sequence[Mapping[str, Any]], is_error: bool, structured: Any = None) -> dict[str, Any]:
+    return error_from_blocks(blocks, structured) if is_error else content_output(blocks, structured)

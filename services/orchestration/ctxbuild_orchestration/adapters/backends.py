@@ -1,0 +1,71 @@
+"""Typed calls to the other services over NATS (every payload is validated by its contract on arrival)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ctxbuild_platform.rpc import RpcClient
+
+
+def new_event(type_: str, data: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    ev = {"eventId": str(uuid.uuid4()), "type": type_, "data": data}
+    if metadata:
+        ev["metadata"] = metadata
+    return ev
+
+
+class Backends:
+    def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0) -> None:
+        self.rpc = rpc
+        self.tool_timeout_s = tool_timeout_s
+
+    # persistence
+    async def append(self, stream: str, events: list[dict[str, Any]], expected: int | None = None) -> dict:
+        return await self.rpc.call("ctx.persist.append",
+                                   {"streamId": stream, "expectedVersion": expected, "events": events})
+
+    async def read_stream(self, stream: str, from_version: int = 1, limit: int | None = None) -> dict:
+        req: dict[str, Any] = {"streamId": stream, "fromVersion": from_version}
+        if limit:
+            req["limit"] = limit
+        return await self.rpc.call("ctx.persist.read_stream", req)
+
+    async def history(self, conversation_id: str) -> dict:
+        return await self.rpc.call("ctx.persist.history", {"conversationId": conversation_id})
+
+    # compaction
+    async def turn_start(self, conversation_id: str, settings: dict[str, Any]) -> dict:
+        return await self.rpc.call("ctx.compact.turn_start",
+                                   {"conversationId": conversation_id, "settings": settings}, timeout=120)
+
+    # truncation
+    async def truncate_step(self, conversation_id: str, turn_id: str, settings: dict[str, Any],
+                            parts: list[dict[str, Any]]) -> dict:
+        return await self.rpc.call("ctx.truncate.step", {"conversationId": conversation_id, "turnId": turn_id,
+                                                         "settings": settings, "parts": parts}, timeout=60)
+
+    # blob store
+    async def attach(self, conversation_id: str, display_name: str, content: str, media_type: str) -> dict:
+        return await self.rpc.call("ctx.blob.attach", {"conversationId": conversation_id,
+                                                       "displayName": display_name, "content": content,
+                                                       "mediaType": media_type})
+
+    async def fs_read(self, conversation_id: str, turn_id: str, args: dict[str, Any]) -> dict:
+        return await self.rpc.call("ctx.blob.fs_read", {"conversationId": conversation_id, "turnId": turn_id,
+                                                        **args}, timeout=self.tool_timeout_s)
+
+    async def read_file(self, conversation_id: str, args: dict[str, Any]) -> dict:
+        return await self.rpc.call("ctx.blob.read_file", {"conversationId": conversation_id, **args},
+                                   timeout=self.tool_timeout_s)
+
+    # MCP catalog
+    async def resolve_tools(self, mode: str, server_ids: list[str] | None) -> dict:
+        req: dict[str, Any] = {"mode": mode}
+        if server_ids is not None:
+            req["serverIds"] = server_ids
+        return await self.rpc.call("ctx.mcp.resolve", req, timeout=30)
+
+    async def invoke(self, tool_id: str, arguments: dict[str, Any], call_id: str) -> dict:
+        return await self.rpc.call("ctx.mcp.invoke", {"toolId": tool_id, "arguments": arguments, "callId": call_id},
+                                   timeout=self.tool_timeout_s)

@@ -1,0 +1,162 @@
+"""`make run`'s main job: an offline agent turn through all six services, reported step by step.
+
+A conversation gets a generated 20-page service log as an attachment; under a 16k-token window a replayed
+agent reads it with read_file page by page (each page is trimmed in flight and its full text offloaded to the
+blob store), reads one archived page back with fs_read, asks an MCP tool for the time, and answers. A third
+turn starts over the compaction trigger. Everything goes through the real HTTP edge, NATS, Postgres and S3.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from httpx_sse import connect_sse
+from rich.console import Console
+from rich.table import Table
+
+from .domain.steps import step_rows
+
+PAGE = 8000
+PAGES = 20
+WINDOW = 16_000
+app = typer.Typer(add_completion=False)
+console = Console()
+
+
+def generate_log(pages: int = PAGES, seed: int = 7) -> str:
+    """A deterministic service log of exactly `pages` read_file pages, with one anomaly on page 14."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    size = 0
+    i = 0
+    routes = ["/v1/items", "/v1/orders", "/v1/users", "/v1/search"]
+    while size < pages * PAGE:
+        ts = f"2026-11-29T10:{(i // 60) % 60:02d}:{i % 60:02d}.{rng.randrange(1000):03d}Z"
+        if i == 1650:
+            line = f"{ts} ERROR sensor-3 temperature_c=21.1 exceeded threshold 20.0 (rack B7)"
+        else:
+            line = (f"{ts} INFO api-{rng.randrange(8)} GET {rng.choice(routes)}/{rng.randrange(10_000)} "
+                    f"200 latency_ms={rng.uniform(2, 119):.1f}")
+        lines.append(line)
+        size += len(line) + 1
+        i += 1
+    return "\n".join(lines)[: pages * PAGE]
+
+
+def read_pages(first: int, last: int) -> list[dict[str, Any]]:
+    return [{"toolCalls": [{"toolName": "read_file",
+                            "input": {"filename": "service.log", "offset": (p - 1) * PAGE, "limit": PAGE}}]}
+            for p in range(first, last + 1)]
+
+
+def anomaly_position(log_text: str) -> tuple[int, int]:
+    """(page, line within that page's read_file output) of the ERROR line."""
+    pos = log_text.index(" ERROR ")
+    page = pos // PAGE + 1
+    return page, log_text[(page - 1) * PAGE: pos].count("\n") + 1
+
+
+def turns(log_text: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    page, line = anomaly_position(log_text)
+    return [
+    ("Read the first half of service.log and tell me what kind of traffic it shows.",
+     [*read_pages(1, 10),
+      {"text": "Pages 1–10 are steady GET traffic across four routes with latencies between 2 and 119 ms."}]),
+    ("Now read the second half. Is there anything unusual? Check the exact line and tell me the time.",
+     [*read_pages(11, 20),
+      # the excerpt of page {page} hides its middle; read the archived full page back around the anomaly
+      {"toolCalls": [{"toolName": "fs_read", "input": {"uri": f"{{{{offload_uri:{page}}}}}",
+                                                       "offset": max(1, line - 2), "limit": 5}}]},
+      {"toolCalls": [{"toolName": "mcp:time/get_current_time", "input": {"timezone": "UTC"}}]},
+      {"text": f"One anomaly on page {page}: an ERROR from sensor-3, temperature_c=21.1 over the 20.0 threshold."}]),
+    ("Summarise everything we found so far in one sentence.",
+     [{"text": "Steady API traffic, plus one sensor alert (temperature 21.1 °C over a 20.0 threshold)."}]),
+    ]
+
+
+def _env_url(stack_dir: Path) -> str:
+    env = dict(line.split("=", 1) for line in (stack_dir / "stack.env").read_text().splitlines() if "=" in line)
+    return env["CTX_ORCHESTRATION_HTTP"]
+
+
+def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    with httpx.Client(base_url=base_url, timeout=120) as http:
+        conv = http.post("/v1/conversations", json={
+            "title": "offline demo", "settings": {"contextWindow": WINDOW, "mcpServers": ["time"]}})
+        conv.raise_for_status()
+        cid = conv.json()["id"]
+        log_text = generate_log()
+        att = http.post(f"/v1/conversations/{cid}/attachments",
+                        files={"file": ("service.log", log_text.encode(), "text/plain")})
+        att.raise_for_status()
+        out.print(f"conversation [bold]{cid}[/bold]: attached service.log "
+                  f"({len(log_text):,} chars, {PAGES} pages of {PAGE:,}) under a {WINDOW:,}-token window")
+        for n, (text, script) in enumerate(turns(log_text), 1):
+            t0 = time.monotonic()
+            r = http.post(f"/v1/conversations/{cid}/turns", json={"text": text,
+                                                                  "provider": {"kind": "replay", "script": script}})
+            r.raise_for_status()
+            turn = r.json()
+            terminal = None
+            with out.status(f"turn {n}: running…") as status, \
+                    connect_sse(http, "GET", turn["events"]) as sse:
+                for ev in sse.iter_sse():
+                    data = json.loads(ev.data)
+                    if ev.event == "StepServed":
+                        status.update(f"turn {n}: step {data['step']} served {data['servedTokens']:,} tokens")
+                    if ev.event in ("TurnCompleted", "TurnFailed"):
+                        terminal = (ev.event, data)
+                        break
+            if terminal is None or terminal[0] != "TurnCompleted":
+                raise RuntimeError(f"turn {n} did not complete: {terminal}")
+            events = http.get(f"/v1/conversations/{cid}/turns/{turn['turnId']}").json()["events"]
+            for row in step_rows(events):
+                rows.append({"turn": n, **row})
+            out.print(f"turn {n} completed in {time.monotonic() - t0:.1f}s ({terminal[1]['steps']} steps)")
+    table = Table(title="ctxbuild offline demo — per step", show_lines=False)
+    for col in ("turn", "step", "tools called", "tokens served", "outputs trimmed", "blobs written",
+                "compaction", "request sha256"):
+        table.add_column(col, justify="right" if col.startswith(("turn", "step", "tokens", "outputs", "blobs"))
+                         else "left")
+    for r in rows:
+        table.add_row(str(r["turn"]), str(r["step"]), ", ".join(t.split("_")[0] if t.startswith("mcp__") else t
+                                                                 for t in r["tools"]) or "—",
+                      f"{r['servedTokens']:,}", str(r["trimmed"]), str(r["offloaded"]), r["compaction"],
+                      r["requestHash"])
+    out.print(table)
+    summary = {
+        "conversationId": cid,
+        "steps": len(rows),
+        "maxServedTokens": max(r["servedTokens"] for r in rows),
+        "outputsTrimmed": sum(r["trimmed"] for r in rows),
+        "blobsWritten": sum(r["offloaded"] for r in rows),
+        "attachmentChars": len(log_text),
+    }
+    out.print(f"largest request: {summary['maxServedTokens']:,} tokens for a {WINDOW:,}-token window; "
+              f"{summary['outputsTrimmed']} outputs trimmed, {summary['blobsWritten']} full texts offloaded "
+              "and readable with fs_read.")
+    out.print("Model decisions were replayed (no API key). Real provider adapters (Anthropic Messages, "
+              "OpenAI-compatible via CTX_PROVIDER / CTX_PROVIDER_BASE_URL / CTX_PROVIDER_API_KEY) are issue #9; "
+              "until then, POST turns with your own replay script to the same API.")
+    return summary
+
+
+@app.command()
+def main(url: Annotated[str | None, typer.Option(help="orchestration base URL")] = None,
+         stack_dir: Annotated[Path, typer.Option("--dir")] = Path(".stack"),
+         json_out: Annotated[Path | None, typer.Option("--json")] = None) -> None:
+    """Run the offline demo against a running stack (make up)."""
+    summary = run_demo(url or _env_url(stack_dir))
+    if json_out:
+        json_out.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,51 @@
+"""Which tools a step offers (SPEC §6): pure functions of the retained context and the MCP catalog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxbuild_providers import ToolSpec
+
+READ_FILE = ToolSpec(
+    name="read_file",
+    description="Read an attached file by its handle, in pages of characters.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "filename": {"type": "string", "description": "attachment handle"},
+            "offset": {"type": "integer", "minimum": 0, "description": "character offset (default 0)"},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 200000, "description": "chars (default 8000)"},
+        },
+        "required": ["filename"],
+        "additionalProperties": False,
+    },
+)
+FS_READ = ToolSpec(
+    name="fs_read",
+    description="Read archived full tool output by its context://vfs/ URI, in pages of numbered lines.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "uri": {"type": "string"},
+            "offset": {"type": "integer", "minimum": 1, "description": "first line (default 1)"},
+            "limit": {"type": "integer", "minimum": 1, "description": "lines (default 2000)"},
+        },
+        "required": ["uri"],
+        "additionalProperties": False,
+    },
+)
+BUILTINS = {"read_file", "fs_read"}
+
+
+def offered_tools(retained: dict[str, Any], mcp_tools: list[dict[str, Any]], can_offload: bool) -> list[ToolSpec]:
+    """read_file only with attachments (from the authoritative list, finding #2); fs_read when something is
+    archived or can be offloaded this turn, and never as the only tool with nothing to read."""
+    tools: list[ToolSpec] = []
+    if retained.get("fileAttachments"):
+        tools.append(READ_FILE)
+    mcp = [ToolSpec(t["id"], t.get("description") or t["name"], t.get("inputSchema") or {"type": "object"})
+           for t in mcp_tools]
+    has_archive = bool(retained.get("persistedUris"))
+    if has_archive or (can_offload and (tools or mcp)):
+        tools.append(FS_READ)
+    return tools + mcp

@@ -1,0 +1,139 @@
+"""HTTP/SSE edge (FastAPI). Thin: validate, hand to the backends or the runner, map typed errors to HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Literal
+
+from ctxbuild_platform.errors import RemoteError, ServiceError
+from fastapi import APIRouter, FastAPI, File, Header, Request, UploadFile
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sse_starlette import EventSourceResponse
+
+from .adapters.backends import Backends, new_event
+from .runner import TurnRunner, new_id
+from ctxbuild_providers import ReplayProvider
+
+TERMINAL = {"TurnCompleted", "TurnFailed"}
+STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504}
+
+
+class ConversationSettings(BaseModel):
+    contextWindow: int | None = Field(None, gt=0, description="model context window in tokens; null = unknown")
+    reservation: int | None = Field(None, ge=0)
+    truncateThreshold: int | None = Field(None, ge=2000)
+    maxMessages: int | None = Field(None, ge=1)
+    compressEnabled: bool = True
+    mcpMode: Literal["manual", "auto", "disabled"] = "manual"
+    mcpServers: list[str] = Field(default_factory=list)
+
+
+class CreateConversation(BaseModel):
+    title: str | None = None
+    settings: ConversationSettings = Field(default_factory=ConversationSettings)
+
+
+class ReplaySpec(BaseModel):
+    kind: Literal["replay"] = "replay"
+    script: list[dict[str, Any]] = Field(min_length=1)
+
+
+class CreateTurn(BaseModel):
+    text: str = Field(min_length=1)
+    provider: ReplaySpec
+
+
+def error_response(exc: ServiceError) -> JSONResponse:
+    return JSONResponse(exc.to_payload() | ({"details": exc.details} if exc.details else {}),
+                        status_code=STATUS.get(exc.code, 502 if isinstance(exc, RemoteError) else 500))
+
+
+def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float) -> APIRouter:
+    api = APIRouter(prefix="/v1")
+    tasks: set[asyncio.Task] = set()
+
+    async def conversation_settings(conversation_id: str) -> dict[str, Any]:
+        first = await backends.read_stream(f"conversation:{conversation_id}", 1, limit=1)
+        if not first["events"] or first["events"][0]["type"] != "ConversationCreated":
+            raise ServiceError(f"conversation {conversation_id} not found", code="not-found")
+        return first["events"][0]["data"].get("settings", {})
+
+    @api.post("/conversations", status_code=201)
+    async def create_conversation(body: CreateConversation) -> dict[str, Any]:
+        cid = new_id("conv")
+        data = {"conversationId": cid, "settings": body.settings.model_dump()}
+        if body.title:
+            data["title"] = body.title
+        await backends.append(f"conversation:{cid}", [new_event("ConversationCreated", data)], expected=0)
+        return {"id": cid, "settings": data["settings"]}
+
+    @api.post("/conversations/{conversation_id}/attachments", status_code=201)
+    async def upload_attachment(conversation_id: str, file: UploadFile = File(...)) -> dict[str, Any]:
+        await conversation_settings(conversation_id)
+        raw = await file.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ServiceError("only UTF-8 text attachments are supported so far", code="unsupported-media") from exc
+        media = file.content_type or "text/plain"
+        stored = await backends.attach(conversation_id, file.filename or "attachment.txt", text, media)
+        attachment = {k: stored[k] for k in ("sha256", "handle", "displayName", "mediaType", "size", "uri")}
+        await backends.append(f"conversation:{conversation_id}",
+                              [new_event("AttachmentAdded", {"attachment": attachment})])
+        return attachment
+
+    @api.post("/conversations/{conversation_id}/turns", status_code=202)
+    async def create_turn(conversation_id: str, body: CreateTurn) -> dict[str, Any]:
+        cs = await conversation_settings(conversation_id)
+        hist = await backends.history(conversation_id)
+        parent = hist["messages"][-1]["id"] if hist["messages"] else None
+        turn_id, msg_id = new_id("turn"), new_id("msg")
+        message = {"id": msg_id, "parentId": parent, "role": "user", "parts": [{"type": "text", "text": body.text}]}
+        await backends.append(f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})])
+        provider = ReplayProvider(body.provider.script)
+        task = asyncio.create_task(runner.run(conversation_id, turn_id, msg_id, provider, cs))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return {"turnId": turn_id, "userMessageId": msg_id,
+                "events": f"/v1/conversations/{conversation_id}/turns/{turn_id}/events"}
+
+    @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
+    async def turn_events(conversation_id: str, turn_id: str, request: Request,
+                          last_event_id: str | None = Header(None)) -> EventSourceResponse:
+        start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 1
+
+        async def stream():
+            nxt = start
+            while not await request.is_disconnected():
+                page = await backends.read_stream(f"turn:{turn_id}", nxt)
+                for ev in page["events"]:
+                    nxt = ev["version"] + 1
+                    yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(ev["data"])}
+                    if ev["type"] in TERMINAL:
+                        return
+                await asyncio.sleep(sse_poll_s)
+
+        return EventSourceResponse(stream())
+
+    @api.get("/conversations/{conversation_id}/turns/{turn_id}")
+    async def turn_log(conversation_id: str, turn_id: str) -> dict[str, Any]:
+        page = await backends.read_stream(f"turn:{turn_id}", 1)
+        if not page["events"]:
+            raise ServiceError(f"turn {turn_id} not found", code="not-found")
+        return {"turnId": turn_id, "events": page["events"]}
+
+    @api.get("/conversations/{conversation_id}/messages")
+    async def messages(conversation_id: str) -> dict[str, Any]:
+        await conversation_settings(conversation_id)
+        return await backends.history(conversation_id)
+
+    api.state_tasks = tasks  # type: ignore[attr-defined]
+    return api
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from pydantic import Field
+from ctxbuild_platform.settings import ServiceSettings
+
+
+class Settings(ServiceSettings):
+    service_name: str = "orchestration"
+    max_steps: int = Field(20, description="a turn that needs more model calls ends with TurnFailed(step-limit)")
+    default_model: str = "replay"
+    sse_poll_s: float = Field(0.2, description="SSE: how often to read new turn events when no wake-up arrives")
+    tool_timeout_s: float = 60.0

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS persistence.outbox;
+DROP TABLE IF EXISTS persistence.events;

@@ -1,0 +1,28 @@
+"""Persistence service settings (env prefix CTX_)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from ctxbuild_platform.settings import ServiceSettings
+
+
+class Settings(ServiceSettings):
+    service_name: str = "persistence"
+    database_url: SecretStr = Field(
+        description="PostgreSQL URL (postgresql://user:pw@host:port/db); no default, it may carry a password")
+    db_pool_min_size: int = Field(1, ge=0)
+    db_pool_max_size: int = Field(10, ge=1)
+    db_connect_timeout_s: float = Field(60.0, description="start-up: how long to wait for Postgres")
+    migrate_on_start: bool = Field(True, description="apply yoyo migrations at start-up")
+
+    events_stream: str = Field("CTX_EVENTS", description="JetStream stream the outbox relay publishes to")
+    events_subject_prefix: str = Field("ctx.evt", description="events go to <prefix>.<Type>")
+    events_duplicate_window_s: float = Field(
+        600.0, gt=0, description="JetStream dedup window (Nats-Msg-Id) when the relay creates the stream")
+    relay_poll_interval_s: float = Field(0.5, gt=0, description="outbox poll interval when idle")
+    relay_batch_size: int = Field(100, ge=1, le=10_000)
+    relay_publish_timeout_s: float = Field(5.0, gt=0)
+    relay_max_backoff_s: float = Field(5.0, gt=0, description="ceiling of the retry backoff after a failure")
+
+    read_default_limit: int = Field(1000, ge=1)
+    read_max_limit: int = Field(10_000, ge=1)
