@@ -1,0 +1,49 @@
+"""End-to-end fixtures: the six services as real processes on the session's real stack, plus a NATS tap that
+records every payload crossing a ctx.* subject (and the replies to them) for contract checks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import nats
+import pytest
+import pytest_asyncio
+from ctxbuild_devstack import SERVICES
+
+
+@dataclass
+class Tap:
+    requests: list[tuple[str, bytes, str | None]] = field(default_factory=list)  # subject, data, reply inbox
+    replies: dict[str, bytes] = field(default_factory=dict)  # inbox → data
+    events: list[tuple[str, bytes]] = field(default_factory=list)  # ctx.evt.<Type> publishes
+
+
+@pytest.fixture(scope="session")
+def all_services(stack, start_service) -> str:
+    for name in SERVICES:
+        start_service(name)
+    return stack.env["CTX_ORCHESTRATION_HTTP"]
+
+
+@pytest_asyncio.fixture(scope="session")
+async def tap(stack, all_services) -> AsyncIterator[Tap]:
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="e2e-tap")
+    t = Tap()
+
+    async def on_ctx(msg):
+        if msg.subject.startswith("ctx.evt."):
+            t.events.append((msg.subject, msg.data))
+        else:
+            t.requests.append((msg.subject, msg.data, msg.reply or None))
+
+    async def on_inbox(msg):
+        t.replies[msg.subject] = msg.data
+
+    await nc.subscribe("ctx.>", cb=on_ctx)
+    await nc.subscribe("_INBOX.>", cb=on_inbox)
+    await nc.flush()
+    yield t
+    await asyncio.sleep(0.2)
+    await nc.drain()
