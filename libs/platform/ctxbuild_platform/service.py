@@ -47,6 +47,7 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
              on_startup: Sequence[Callable[[], Awaitable[Any]]] = (),
              after_startup: Sequence[Callable[[], Awaitable[Any]]] = (),
              on_shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
+             after_shutdown: Sequence[Callable[[], Awaitable[Any]]] = (),
              extra_routes: Sequence[tuple[str, Any]] = ()) -> AsgiFastStream:
     log = configure_logging(settings.service_name, settings.log_level)
     # uvicorn serves HTTP before FastStream has subscribed; ready only once after_startup has run
@@ -83,6 +84,8 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
         on_startup=list(on_startup),
         after_startup=[*after_startup, started],
         on_shutdown=list(on_shutdown),
+        # after the broker drained: the place to close pools in-flight handlers still use
+        after_shutdown=list(after_shutdown),
         logger=None,
     )
 

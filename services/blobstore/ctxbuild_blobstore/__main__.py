@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ctxbuild_platform.service import make_app, make_broker, serve
+from faststream.asgi import AsgiFastStream
 
 from .adapters.migrate import apply_migrations
 from .adapters.postgres import Postgres
@@ -12,7 +13,7 @@ from .settings import Settings
 from .usecases import BlobStore, TextCache
 
 
-def build(settings: Settings):
+def build(settings: Settings) -> AsgiFastStream:
     broker = make_broker(settings)
     db = Postgres(str(settings.database_url), min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                   timeout=settings.db_timeout_s)
@@ -26,10 +27,17 @@ def build(settings: Settings):
         await apply_migrations(str(settings.database_url), connect_timeout=settings.db_timeout_s)
 
     # on_startup runs before the broker subscribes, so no request ever meets an unmigrated schema
-    return make_app(settings, broker,
-                    readiness=[("postgres", db.ping), ("s3", s3.ping)],
-                    on_startup=[migrate, db.connect, s3.ensure_bucket],
-                    on_shutdown=[db.close])
+    app = make_app(settings, broker,
+                   readiness=[("postgres", db.ping), ("s3", s3.ping)],
+                   on_startup=[migrate, db.connect, s3.ensure_bucket])
+    # close the pool only AFTER the broker has drained in-flight handlers (on_shutdown runs before the drain)
+    app.after_shutdown(db.close)
+    return app
+
+
+def create_app() -> AsgiFastStream:
+    """The app from the environment, unconnected (also used by `ctxbuild_platform.gen_docs`)."""
+    return build(Settings())
 
 
 def main() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from faststream.nats import NatsBroker
-
 from ctxbuild_platform.rpc import rpc
+from faststream.nats import NatsBroker
 
 from .usecases import BlobStore
 

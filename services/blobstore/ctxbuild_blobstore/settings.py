@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import AnyHttpUrl, Field, PostgresDsn, SecretStr
-
 from ctxbuild_platform.settings import ServiceSettings
+from pydantic import AnyHttpUrl, Field, PostgresDsn, SecretStr
 
 
 class Settings(ServiceSettings):
@@ -19,7 +18,7 @@ class Settings(ServiceSettings):
     s3_secret_key: SecretStr = Field(description="S3 secret key")
     s3_bucket: str = "ctxbuild-blobs"
     s3_region: str = Field("us-east-1", description="set explicitly so the client never probes the location")
-    s3_timeout_s: float = Field(5.0, gt=0, description="per S3 call; a dead S3 fails fast as `unavailable`")
+    s3_timeout_s: float = Field(3.0, gt=0, description="per S3 call; a dead S3 fails fast as `unavailable`")
 
     read_cap_chars: int = Field(50_000, ge=2_000,
                                 description="fs_read page cap (= the truncate threshold); larger pages are refused")

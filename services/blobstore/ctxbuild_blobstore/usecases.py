@@ -9,7 +9,6 @@ from typing import Any
 
 import structlog
 from ctxbuild_codec.trim import handle_prefix_from_uri, sha256_hex, vfs_handle, vfs_uri
-
 from ctxbuild_platform.errors import InvalidPayload
 from ctxbuild_platform.telemetry import span
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from yoyo import get_backend, read_migrations
-
 from ctxbuild_platform.errors import DependencyUnavailable
+from yoyo import get_backend, read_migrations
 
 SCHEMA = "blobstore"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import asyncpg
 import structlog
-
 from ctxbuild_platform.errors import DependencyUnavailable, ServiceError
 
 from ..domain.fsread import Candidate
@@ -61,7 +60,7 @@ class Postgres:
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), timeout=self.timeout)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 self._pool.terminate()
             self._pool = None
 

@@ -14,11 +14,10 @@ from urllib.parse import urlsplit
 
 import certifi
 import urllib3
-from minio import Minio
-from minio.error import InvalidResponseError, S3Error, ServerError
-
 from ctxbuild_platform.errors import DependencyUnavailable
 from ctxbuild_platform.telemetry import span
+from minio import Minio
+from minio.error import InvalidResponseError, S3Error, ServerError
 
 T = TypeVar("T")
 _MISSING = {"NoSuchKey", "NotFound", "ResourceNotFound"}
@@ -30,7 +29,7 @@ def object_key(sha256: str) -> str:
 
 class ObjectStore:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, *,
-                 region: str = "us-east-1", timeout: float = 5.0) -> None:
+                 region: str = "us-east-1", timeout: float = 3.0) -> None:
         parts = urlsplit(endpoint)
         secure = parts.scheme == "https"
         http = urllib3.PoolManager(
@@ -42,15 +41,15 @@ class ObjectStore:
         self.client = Minio(parts.netloc, access_key=access_key, secret_key=secret_key, secure=secure,
                             region=region, http_client=http)
         self.bucket = bucket
-        # one retry with connect+read timeouts each, plus slack; the thread may linger, the caller does not
-        self.deadline = 2 * (2 * timeout) + 1.0
+        # an overall bound under callers' usual 10 s request timeout; a stuck thread may linger, the caller not
+        self.deadline = 2 * timeout + 1.0
 
     async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), timeout=self.deadline)
         except S3Error:
             raise  # callers decide what a missing key means
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise DependencyUnavailable(f"s3: {what} timed out") from exc
         except (urllib3.exceptions.HTTPError, OSError, ServerError, InvalidResponseError) as exc:
             raise DependencyUnavailable(f"s3: {what} failed: {type(exc).__name__}: {str(exc)[:200]}") from exc
