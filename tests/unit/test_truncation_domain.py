@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 from ctxbuild_codec import inline_truncate, marker, sha256_hex, vfs_uri
-from ctxbuild_truncation.domain import PutResult, apply_step, extract_text, plan_step, policy_for, tool_name_of
+from ctxbuild_truncation.domain import (
+    PutResult,
+    apply_step,
+    extract_text,
+    plan_step,
+    policy_for,
+    tool_name_of,
+)
 
 THRESHOLD = 2_000
 LINES = "".join(f"line {i:04d}\n" for i in range(1, 301))  # 3,000 chars, 301 pieces (trailing empty)

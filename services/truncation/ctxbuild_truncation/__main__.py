@@ -14,7 +14,7 @@ from .settings import Settings
 QUEUE = "truncation"
 
 
-def build(settings: Settings):  # noqa: ANN201 - the ASGI app
+def build(settings: Settings):  # -> the ASGI app
     broker = make_broker(settings)
     blobs = BlobStore(RpcClient(broker, settings.request_timeout_s), settings.blob_put_timeout_s)
 

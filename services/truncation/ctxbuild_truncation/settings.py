@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from ctxbuild_platform.settings import ServiceSettings
+from pydantic import Field
 
 
 class Settings(ServiceSettings):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import structlog
-
 from ctxbuild_platform.rpc import RpcClient
 
 from ..domain import PutResult

@@ -1,0 +1,1 @@
+"""Calls to other services over the app's own broker."""

@@ -1,0 +1,20 @@
+"""Token estimate of a history (SPEC §2.4, §8.6): trust the provider's usage for the prefix it covers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ctxbuild_codec.tokens import count_messages
+
+
+def estimate_tokens(rows: Sequence[dict[str, Any]]) -> int:
+    """The last assistant row with usage: inputTokens + outputTokens, plus an estimate of the rows after it;
+    no such row → estimate every row."""
+    for i in range(len(rows) - 1, -1, -1):
+        row = rows[i]
+        usage = row.get("usage")
+        if row.get("role") == "assistant" and usage:
+            return int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0)) + count_messages(
+                list(rows[i + 1:]))
+    return count_messages(list(rows))

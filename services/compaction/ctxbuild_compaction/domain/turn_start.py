@@ -1,0 +1,191 @@
+"""Turn-start (durable) compaction, SPEC §8, as two pure steps around the summarizer:
+
+:func:`plan_turn_start` (history + settings → what to serve, or what to fold) and :func:`finish` (the summary
+→ what to serve). The handler calls the summarizer in between, so an LLM summarizer (I/O) slots in later
+without touching this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ctxbuild_codec import compaction_budget
+from ctxbuild_codec.budgets import CompactionBudget
+from ctxbuild_codec.tokens import count_message, count_messages
+
+from .context import (
+    Retained,
+    after_clear,
+    attachment_handles,
+    max_messages_window,
+    persisted_uris,
+    retained_context,
+)
+from .estimate import estimate_tokens
+from .summary_row import summary_row
+
+Message = dict[str, Any]
+PHASE = "turn-start"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStartSettings:
+    context_window: float | None = None
+    reservation: int | None = None
+    compress_enabled: bool = True
+    max_messages: int | None = None
+
+    @classmethod
+    def from_payload(cls, settings: Mapping[str, Any] | None) -> TurnStartSettings:
+        s = settings or {}
+        return cls(s.get("contextWindow"), s.get("reservation"), bool(s.get("compressEnabled", True)),
+                   s.get("maxMessages"))
+
+
+@dataclass(frozen=True, slots=True)
+class FoldRequest:
+    """Input of a summarizer: the previous summary (if the history was already compacted) and the rows to fold."""
+
+    previous_summary: str | None
+    rows: list[Message]
+    max_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    messages: list[Message]            # what to serve (the effective history until a summary is produced)
+    retained: Retained
+    decision: dict[str, Any]
+    fold: FoldRequest | None = None    # set → call a summarizer, then finish()
+    kept: list[Message] = field(default_factory=list)
+    summary_handles: list[str] = field(default_factory=list)
+    summary_uris: list[str] = field(default_factory=list)
+
+    def reply(self) -> dict[str, Any]:
+        return {"messages": self.messages, "retained": self.retained.to_payload(), "decision": self.decision}
+
+
+def summary_max_chars(budget: CompactionBudget) -> int:
+    """About a tenth of the input room, between 200 and 2,000 tokens (≈ 4 chars a token)."""
+    return 4 * min(2_000, max(200, budget.input_room // 10))
+
+
+def deepest_summary(rows: Sequence[Message]) -> int | None:
+    for i in range(len(rows) - 1, -1, -1):
+        if rows[i].get("compactionSummary"):
+            return i
+    return None
+
+
+def _tool_ids(rows: Sequence[Message], kind: str) -> set[str]:
+    return {p.get("toolCallId") for r in rows for p in r.get("parts") or [] if p.get("type") == kind}
+
+
+def splits_tool_pair(rows: Sequence[Message], start: int) -> bool:
+    """Would keeping ``rows[start:]`` separate a tool call from its result (in either direction)?"""
+    folded, kept = rows[:start], rows[start:]
+    return bool(_tool_ids(folded, "tool-call") & _tool_ids(kept, "tool-result")
+                or _tool_ids(kept, "tool-call") & _tool_ids(folded, "tool-result"))
+
+
+def keep_start(rows: Sequence[Message], keep_budget: int) -> int | None:
+    """Index of the first kept row (SPEC §8.7); None when there is no user row to keep from.
+
+    Walk back from the newest row accumulating tokens until the keep budget is exceeded; keep from the earliest
+    user row that still fit (none fit → the last user row), moved further back while it would split a tool call
+    from its result.
+    """
+    acc, candidate = 0, None
+    for i in range(len(rows) - 1, -1, -1):
+        acc += count_message(rows[i])
+        if acc > keep_budget:
+            break
+        if rows[i].get("role") == "user":
+            candidate = i
+    users = [i for i, r in enumerate(rows) if r.get("role") == "user"]
+    if candidate is None:
+        if not users:
+            return None
+        candidate = users[-1]
+    while candidate > 0 and splits_tool_pair(rows, candidate):
+        earlier = [i for i in users if i < candidate]
+        candidate = earlier[-1] if earlier else 0
+    return candidate
+
+
+def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> Plan:
+    raw = list(history.get("messages") or [])
+    attachments = list(history.get("attachments") or [])
+
+    # 1. clear context
+    rows, cut = after_clear(raw)
+
+    # 3./4. effective history: the maxMessages window (summaries ignored) or [summary row, rows after it]
+    previous: str | None = None
+    has_summary_row = False
+    if settings.max_messages:
+        scope = max_messages_window(rows, settings.max_messages)
+        restrict = cut or len(scope) < len(rows)
+        effective = list(scope)
+    else:
+        scope, restrict = rows, cut
+        d = deepest_summary(rows)
+        if d is None:
+            effective = list(rows)
+        else:
+            previous = rows[d]["compactionSummary"]
+            upto = rows[: d + 1]
+            effective = [summary_row(rows[d]["id"], previous, attachment_handles(upto), persisted_uris(upto)),
+                         *rows[d + 1:]]
+            has_summary_row = True
+
+    # 2. retained context from the raw rows in scope, never from what is served (finding #2)
+    retained = retained_context(scope, attachments, restrict)
+
+    # 5./6. decide
+    estimated = estimate_tokens(effective)
+    decision: dict[str, Any] = {"status": "serve", "phase": PHASE, "estimatedTokens": estimated}
+    budget = compaction_budget(settings.context_window, settings.reservation)
+    if budget is not None:
+        decision.update(trigger=budget.trigger, keepBudget=budget.keep)
+    if not settings.compress_enabled:
+        return Plan(effective, retained, {**decision, "reason": "compaction-disabled"})
+    if budget is None:
+        return Plan(effective, retained, {**decision, "reason": "window-unknown"})
+    if estimated <= budget.trigger:
+        return Plan(effective, retained, {**decision, "reason": "under-trigger"})
+
+    # 7. keep boundary
+    start = keep_start(effective, budget.keep)
+    first_real = 1 if has_summary_row else 0
+    if start is None or start <= first_real:
+        reason = "no-user-row" if start is None else "nothing-to-fold"
+        return Plan(effective, retained, {**decision, "status": "skipped", "reason": reason})
+    folded = effective[first_real:start]
+    boundary_id = str(effective[start - 1]["id"])
+    upto = next((scope[: i + 1] for i, r in enumerate(scope) if r.get("id") == boundary_id), scope)
+
+    # 8. what to summarize
+    fold = FoldRequest(previous, folded, summary_max_chars(budget))
+    return Plan(effective, retained,
+                {**decision, "status": "skipped", "reason": "summary-pending", "boundaryId": boundary_id,
+                 "foldedCount": len(folded)},
+                fold=fold, kept=list(effective[start:]),
+                summary_handles=attachment_handles(upto), summary_uris=persisted_uris(upto))
+
+
+def finish(plan: Plan, summary: str | None, *, error: str | None = None) -> Plan:
+    """Apply the summarizer's output. Empty summary or an error → ``skipped``, the effective history is served."""
+    if plan.fold is None:
+        return plan
+    if error is not None or not summary or not summary.strip():
+        decision = {**plan.decision, "status": "skipped",
+                    "reason": "summarizer-error" if error is not None else "empty-summary"}
+        return replace(plan, decision=decision, fold=None)
+    row = summary_row(plan.decision["boundaryId"], summary, plan.summary_handles, plan.summary_uris)
+    served = [row, *plan.kept]
+    decision = {**plan.decision, "status": "compacted", "reason": "over-trigger",
+                "postTokens": count_messages(served)}
+    return replace(plan, messages=served, decision=decision, fold=None)
