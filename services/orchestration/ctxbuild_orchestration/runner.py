@@ -83,8 +83,11 @@ class TurnRunner:
             start = await self.backends.turn_start(conversation_id, {
                 **window, "compressEnabled": cs.get("compressEnabled", True), "maxMessages": cs.get("maxMessages")})
         d = start["decision"]
-        await ts.emit("CompactionDecided", {"turnId": turn_id, "phase": "turn-start", "status": d["status"],
-                                            "preTokens": d.get("estimatedTokens"), "trigger": d.get("trigger")})
+        # progress statuses (SPEC §8.10): a fold that happened is "done"; serving as is is "skipped" + why
+        await ts.emit("CompactionDecided", {
+            "turnId": turn_id, "phase": "turn-start", "status": "done" if d["status"] == "compacted" else "skipped",
+            "reason": d.get("reason"), "preTokens": d.get("estimatedTokens"), "postTokens": d.get("postTokens"),
+            "trigger": d.get("trigger"), "foldedCount": d.get("foldedCount")})
         served: list[dict[str, Any]] = start["messages"]
         mcp_tools: list[dict[str, Any]] = []
         if cs.get("mcpMode", "manual") != "disabled":

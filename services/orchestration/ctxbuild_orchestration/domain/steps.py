@@ -31,7 +31,9 @@ def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         d = e["data"]
         if e["type"] == "CompactionDecided":
-            compaction = f"{d['phase']}:{d['status']}"
+            compaction = d["status"] + (f" ({d['reason']})" if d.get("reason") else "")
+            if d.get("status") == "done" and d.get("preTokens") is not None:
+                compaction += f" {d['preTokens']:,}→{d.get('postTokens') or 0:,} tok"
         elif e["type"] == "StepServed":
             rows[d["step"]] = {"step": d["step"], "servedTokens": d["servedTokens"],
                                "messages": d["messagesServed"], "tools": [], "trimmed": 0, "offloaded": 0,
