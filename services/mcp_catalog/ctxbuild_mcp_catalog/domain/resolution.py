@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 Mode = Literal["manual", "auto", "disabled"]
@@ -22,7 +22,7 @@ EMPTY_RETRY_S = 300.0  # a server that listed no tools is asked again after 5 mi
 FAILURE_RETRY_S = 30.0  # a server that failed to start or list is retried after 30 s
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     COLD = "cold"  # never warmed in this cache
     READY = "ready"
     FAILED = "failed"
