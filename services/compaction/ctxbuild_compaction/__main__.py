@@ -26,6 +26,11 @@ def build(settings: Settings):  # -> the ASGI app
     return make_app(settings, broker)
 
 
+def create_app(settings: Settings | None = None):
+    """The app, for `make contracts` (AsyncAPI) and for tests; no connection is made until it starts."""
+    return build(settings or Settings())
+
+
 def main() -> None:
     settings = Settings()
     serve(build(settings), settings)

@@ -32,6 +32,11 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
     return app, settings, catalog
 
 
+def create_app(settings: Settings | None = None) -> Any:
+    """The app, for `make contracts` (AsyncAPI) and for tests; no connection is made until it starts."""
+    return build(settings)[0]
+
+
 def main() -> None:
     app, settings, _ = build()
     serve(app, settings)
