@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
 from ctxbuild_platform.settings import ServiceSettings
+from pydantic import Field, SecretStr
 
 
 class Settings(ServiceSettings):
@@ -24,5 +24,7 @@ class Settings(ServiceSettings):
     relay_publish_timeout_s: float = Field(5.0, gt=0)
     relay_max_backoff_s: float = Field(5.0, gt=0, description="ceiling of the retry backoff after a failure")
 
+    max_event_bytes: int = Field(
+        900_000, ge=1024, description="data+metadata JSON of one event; must fit a NATS message when relayed")
     read_default_limit: int = Field(1000, ge=1)
     read_max_limit: int = Field(10_000, ge=1)

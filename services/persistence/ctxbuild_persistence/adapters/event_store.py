@@ -1,0 +1,136 @@
+"""The event store on Postgres (schema ``persistence``): append with optimistic concurrency and idempotency,
+outbox rows in the same transaction, reads by stream and by global position.
+
+Global order: every append takes one transaction-level advisory lock (``pg_advisory_xact_lock``) before it
+reads the stream version and inserts. Appends are therefore serialized, positions are assigned in commit
+order and a reader paging by position never sees position n+1 before n. Simple and correct; the cost is one
+appender at a time across all streams (fine at this scale — a per-stream lock plus a commit-ordered
+projection/“stable position” watermark is the upgrade path if append throughput ever matters).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable
+
+from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
+from .db import Database
+
+APPEND_LOCK = 0x6374785F61707064  # 'ctx_appd'
+
+_CONNECTION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                      asyncpg.InterfaceError, asyncpg.TooManyConnectionsError)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text as stored (``json`` columns keep these bytes, key order included)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate came in as a \\ud8xx escape: keep it escaped
+        text = json.dumps(value, separators=(",", ":"))
+    return text
+
+
+@asynccontextmanager
+async def db_errors() -> AsyncIterator[None]:
+    """Postgres down or unreachable → a retryable typed error instead of a crash reply."""
+    try:
+        yield
+    except asyncpg.UniqueViolationError as exc:
+        # the lock makes this unreachable for well-behaved writers; a backstop, never a silent overwrite
+        raise Conflict(f"concurrent append: {exc.constraint_name or exc}", retryable=True) from exc
+    except _CONNECTION_ERRORS as exc:
+        raise DependencyUnavailable(f"postgres: {type(exc).__name__}: {exc}"[:300]) from exc
+
+
+def _iso(ts: datetime) -> str:
+    return ts.isoformat()
+
+
+def row_to_event(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "eventId": str(row["event_id"]),
+        "streamId": row["stream_id"],
+        "type": row["type"],
+        "version": row["version"],
+        "position": row["position"],
+        "data": json.loads(row["data"]),
+        "metadata": json.loads(row["metadata"]),
+        "recordedAt": _iso(row["recorded_at"]),
+    }
+
+
+_SELECT = ("SELECT position, stream_id, version, event_id, type, data::text AS data, metadata::text AS metadata, "
+           "recorded_at FROM persistence.events ")
+
+
+class EventStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
+        ids = [uuid.UUID(e.event_id) for e in events]
+        async with db_errors(), self.db.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK)
+            rows = await conn.fetch(
+                "SELECT event_id, stream_id, version, position FROM persistence.events "
+                "WHERE event_id = ANY($1::uuid[])", ids)
+            existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"]) for r in rows}
+            current = await conn.fetchval(
+                "SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream_id)
+            plan = plan_append(stream_id, expected_version, events, current, existing)
+            positions = await self._insert(conn, plan)
+        return plan.result(positions)
+
+    @staticmethod
+    async def _insert(conn: asyncpg.Connection, plan: AppendPlan) -> list[int]:
+        if not plan.to_insert:
+            return []
+        rows = await conn.fetch(
+            "INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
+            "SELECT $1, x.v, x.id, x.t, x.d::json, x.m::json "
+            "FROM unnest($2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[]) "
+            "     WITH ORDINALITY AS x(v, id, t, d, m, ord) "
+            "ORDER BY x.ord "
+            "RETURNING position, version",
+            plan.stream_id,
+            [v for v, _ in plan.to_insert],
+            [uuid.UUID(e.event_id) for _, e in plan.to_insert],
+            [e.type for _, e in plan.to_insert],
+            [dumps(e.data) for _, e in plan.to_insert],
+            [dumps(e.metadata) for _, e in plan.to_insert],
+        )
+        by_version = {r["version"]: r["position"] for r in rows}
+        positions = [by_version[v] for v, _ in plan.to_insert]
+        await conn.execute("INSERT INTO persistence.outbox (position) SELECT unnest($1::bigint[])", positions)
+        return positions
+
+    async def read_stream(self, stream_id: str, from_version: int, limit: int) -> dict[str, Any]:
+        async with db_errors(), self.db.pool.acquire() as conn, \
+                conn.transaction(isolation="repeatable_read", readonly=True):
+            rows = await conn.fetch(_SELECT + "WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3",
+                                    stream_id, from_version, limit)
+            last = await conn.fetchval(
+                "SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream_id)
+        return {"streamId": stream_id, "events": [row_to_event(r) for r in rows], "lastVersion": last}
+
+    async def read_all(self, after_position: int, limit: int) -> dict[str, Any]:
+        async with db_errors(), self.db.pool.acquire() as conn:
+            rows = await conn.fetch(_SELECT + "WHERE position > $1 ORDER BY position LIMIT $2",
+                                    after_position, limit)
+        events = [row_to_event(r) for r in rows]
+        return {"events": events, "lastPosition": events[-1]["position"] if events else after_position}
+
+    async def stream_events(self, stream_id: str) -> list[dict[str, Any]]:
+        """Every event of a stream, in version order (history folding)."""
+        async with db_errors(), self.db.pool.acquire() as conn:
+            rows = await conn.fetch(_SELECT + "WHERE stream_id = $1 ORDER BY version", stream_id)
+        return [row_to_event(r) for r in rows]

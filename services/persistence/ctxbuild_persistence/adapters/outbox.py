@@ -1,0 +1,168 @@
+"""Outbox relay: publishes committed events to JetStream and marks their outbox rows.
+
+Each unpublished row (oldest position first) goes to ``<prefix>.<Type>`` on stream ``CTX_EVENTS`` with header
+``Nats-Msg-Id`` = event id, then the row is marked published. A relay killed between the JetStream ack and
+the mark publishes the row again on restart; JetStream drops it as a duplicate inside the stream's duplicate
+window (the relay creates the stream with ``events_duplicate_window_s``). Consumers still dedupe by
+``eventId``/``position`` for anything older than the window.
+
+Rows are claimed with ``FOR UPDATE SKIP LOCKED``, so replicas never publish the same row concurrently; with
+several replicas the publish order across batches is not global — consumers order by ``position``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+
+from .db import Database
+from .event_store import dumps, row_to_event
+
+log = structlog.get_logger("outbox")
+
+_CLAIM = (
+    "SELECT o.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "       e.metadata::text AS metadata, e.recorded_at "
+    "FROM persistence.outbox o JOIN persistence.events e ON e.position = o.position "
+    "WHERE o.published_at IS NULL ORDER BY o.position LIMIT $1 FOR UPDATE OF o SKIP LOCKED"
+)
+TRACE_KEYS = ("traceparent", "tracestate")
+
+
+def event_headers(event: dict[str, Any]) -> dict[str, str]:
+    headers = {
+        "Nats-Msg-Id": event["eventId"],
+        "content-type": "application/json",
+        "Ctx-Event-Type": event["type"],
+        "Ctx-Stream-Id": event["streamId"],
+        "Ctx-Event-Version": str(event["version"]),
+        "Ctx-Position": str(event["position"]),
+    }
+    for k in TRACE_KEYS:  # the appender's trace continues into every consumer of the event
+        v = event["metadata"].get(k)
+        if isinstance(v, str) and v and "\n" not in v and "\r" not in v:
+            headers[k] = v
+    return headers
+
+
+class OutboxRelay:
+    def __init__(self, db: Database, connection: Callable[[], NatsClient], *, stream: str, subject_prefix: str,
+                 duplicate_window_s: float, poll_interval_s: float, batch_size: int, publish_timeout_s: float,
+                 max_backoff_s: float) -> None:
+        self.db = db
+        self._connection = connection
+        self.stream = stream
+        self.subject_prefix = subject_prefix
+        self.duplicate_window_s = duplicate_window_s
+        self.poll_interval_s = poll_interval_s
+        self.batch_size = batch_size
+        self.publish_timeout_s = publish_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._stream_ready = False
+        self.stop_timeout_s = 10.0
+
+    # ---------- lifecycle ----------
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name="outbox-relay")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, timeout=self.stop_timeout_s)
+        except (TimeoutError, asyncio.CancelledError):
+            pass  # wait_for cancelled it; unmarked rows are republished (deduped) next time
+
+    def wake(self) -> None:
+        """An append committed: publish now instead of at the next poll."""
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # ---------- work ----------
+    async def ensure_stream(self) -> None:
+        js = self._connection().jetstream()
+        try:
+            await js.stream_info(self.stream)
+        except NotFoundError:
+            try:
+                await js.add_stream(StreamConfig(name=self.stream, subjects=[f"{self.subject_prefix}.>"],
+                                                 storage=StorageType.FILE,
+                                                 duplicate_window=self.duplicate_window_s))
+                log.info("stream-created", stream=self.stream)
+            except BadRequestError:
+                await js.stream_info(self.stream)  # created concurrently by another replica
+        self._stream_ready = True
+
+    async def relay_once(self) -> int:
+        """Publish one batch; returns how many rows were published (and marked)."""
+        if not self._stream_ready:
+            await self.ensure_stream()
+        js = self._connection().jetstream()
+        published: list[tuple[int, int]] = []
+        failure: tuple[int, str] | None = None
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_CLAIM, self.batch_size)
+            for row in rows:
+                event = row_to_event(row)
+                try:
+                    ack = await js.publish(f"{self.subject_prefix}.{event['type']}", dumps(event).encode(),
+                                           timeout=self.publish_timeout_s, stream=self.stream,
+                                           headers=event_headers(event))
+                except Exception as exc:  # noqa: BLE001 - stop the batch, keep what went out
+                    failure = (event["position"], f"{type(exc).__name__}: {exc}"[:500])
+                    break
+                published.append((event["position"], ack.seq))
+            if published:
+                await conn.execute(
+                    "UPDATE persistence.outbox o SET published_at = now(), attempts = o.attempts + 1, "
+                    "js_sequence = p.seq, last_error = NULL "
+                    "FROM unnest($1::bigint[], $2::bigint[]) AS p(position, seq) WHERE o.position = p.position",
+                    [p for p, _ in published], [s for _, s in published])
+            if failure is not None:
+                await conn.execute("UPDATE persistence.outbox SET attempts = attempts + 1, last_error = $2 "
+                                   "WHERE position = $1", *failure)
+        if failure is not None:
+            raise RuntimeError(f"publish of position {failure[0]} failed: {failure[1]}")
+        return len(published)
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while not self._stopping:
+            self._wake.clear()  # a wake() from here on triggers another round
+            try:
+                n = await self.relay_once()
+                backoff = 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the relay must outlive NATS/Postgres hiccups
+                self._stream_ready = False  # re-check the stream (it may have been deleted) next round
+                backoff = min(max(backoff * 2, 0.1), self.max_backoff_s)
+                log.warning("relay-failed", error=f"{type(exc).__name__}: {exc}"[:300], retry_in_s=backoff)
+                n = 0
+            if n >= self.batch_size and not backoff:
+                continue  # more is waiting
+            if backoff:
+                await asyncio.sleep(backoff)  # not woken by appends: a failing dependency gets a rest
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
+            except TimeoutError:
+                pass
+        log.info("relay-stopped")
