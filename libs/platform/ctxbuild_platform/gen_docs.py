@@ -53,6 +53,10 @@ def asyncapi(apps: dict[str, Any], contracts: Path) -> dict[str, Any]:
         subject = channel.get("address", "")
         req, rep = contracts / "subjects" / f"{subject}.request.json", contracts / "subjects" / f"{subject}.reply.json"
         for msg in channel.get("messages", {}).values():
+            # channel messages are $refs into components/messages: set the payload on the target
+            ref = msg.get("$ref", "")
+            if ref.startswith("#/components/messages/"):
+                msg = spec["components"]["messages"][ref.removeprefix("#/components/messages/")]
             if req.exists():
                 msg["payload"] = {"$ref": f"./subjects/{req.name}"}
             if rep.exists():

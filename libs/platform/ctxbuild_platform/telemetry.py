@@ -16,8 +16,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 
+_provider: TracerProvider | None = None
+
+
 def configure_tracing(service: str, otlp_endpoint: str | None = None,
                       exporter: SpanExporter | None = None) -> TracerProvider:
+    """Install the SDK provider once per process (OTel forbids replacing the global one)."""
+    global _provider
+    if _provider is not None:
+        if exporter is not None:
+            _provider.add_span_processor(BatchSpanProcessor(exporter))
+        return _provider
     provider = TracerProvider(resource=Resource.create({"service.name": f"ctxbuild-{service}"}))
     if exporter is None and otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -26,6 +35,7 @@ def configure_tracing(service: str, otlp_endpoint: str | None = None,
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    _provider = provider
     return provider
 
 
