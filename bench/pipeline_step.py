@@ -49,7 +49,7 @@ async def measure(stack: Stack, n: int, warmup: int) -> dict:
     await broker.connect()
     rpc = RpcClient(broker, default_timeout=30)
     conv, turn = f"conv_bench_{uuid.uuid4().hex[:8]}", f"turn_bench_{uuid.uuid4().hex[:8]}"
-    floor, step = [], []
+    floor, step, trunc, append = [], [], [], []
     version = 0
     with Progress() as progress:
         task = progress.add_task("50 KB: floor vs step", total=n + warmup)
@@ -65,6 +65,7 @@ async def measure(stack: Stack, n: int, warmup: int) -> dict:
             trimmed = (await rpc.call("ctx.truncate.step", {
                 "conversationId": conv, "turnId": turn, "settings": {"contextWindow": 16_000}, "parts": [part]}))
             out = trimmed["parts"][0]
+            t2b = time.perf_counter()
             reply = await rpc.call("ctx.persist.append", {"streamId": f"turn:{turn}", "expectedVersion": version,
                 "events": [{"eventId": str(uuid.uuid4()), "type": "ToolResultRecorded", "data": {
                     "turnId": turn, "step": i + 1, "toolCallId": out["toolCallId"], "toolName": out["toolName"],
@@ -75,6 +76,8 @@ async def measure(stack: Stack, n: int, warmup: int) -> dict:
             if i >= warmup:
                 floor.append((t1 - t0) * 1000)
                 step.append((t3 - t2) * 1000)
+                trunc.append((t2b - t2) * 1000)
+                append.append((t3 - t2b) * 1000)
             progress.advance(task)
     await broker.stop()
     await nc.drain()
@@ -84,6 +87,8 @@ async def measure(stack: Stack, n: int, warmup: int) -> dict:
         "iterations": n,
         "floor_ms": {"median": statistics.median(floor), "p99": pct(floor, 99)},
         "step_ms": {"median": statistics.median(step), "p99": pct(step, 99)},
+        "step_parts_ms": {"truncate_and_blob_put": {"median": statistics.median(trunc), "p99": pct(trunc, 99)},
+                          "event_append": {"median": statistics.median(append), "p99": pct(append, 99)}},
         "step_vs_floor_ratio": {"median_of_medians": statistics.median(step) / statistics.median(floor),
                                 "p99_of_p99s": pct(step, 99) / pct(floor, 99),
                                 "median_pairwise": statistics.median(ratios)},

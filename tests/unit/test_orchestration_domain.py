@@ -66,6 +66,6 @@ def test_step_rows_count_trims_and_carry_the_compaction_decision():
         {"type": "StepServed", "data": {"step": 2, "servedTokens": 300, "messagesServed": 4, "requestHash": "cd" * 32}},
     ]
     rows = step_rows(ev)
-    assert rows[0]["compaction"] == "skipped (under-trigger)" and rows[1]["compaction"] == "-"
+    assert rows[0]["compaction"] == "skipped: under-trigger" and rows[1]["compaction"] == "-"
     assert (rows[0]["trimmed"], rows[0]["offloaded"], rows[0]["tools"]) == (1, 1, ["read_file"])
     assert rows[1]["servedTokens"] == 300

@@ -20,13 +20,15 @@ from httpx_sse import connect_sse
 from rich.console import Console
 from rich.table import Table
 
+from ctxbuild_codec import compaction_budget
+
 from .domain.steps import step_rows
 
 PAGE = 8000
 PAGES = 20
 WINDOW = 16_000
 app = typer.Typer(add_completion=False)
-console = Console()
+console = Console(width=None if Console().is_terminal else 120)
 
 
 def generate_log(pages: int = PAGES, seed: int = 7) -> str:
@@ -120,26 +122,31 @@ def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
             for row in step_rows(events):
                 rows.append({"turn": n, **row})
             out.print(f"turn {n} completed in {time.monotonic() - t0:.1f}s ({terminal[1]['steps']} steps)")
-    table = Table(title="ctxbuild offline demo — per step", show_lines=False)
-    for col in ("turn", "step", "tools called", "tokens served", "outputs trimmed", "blobs written",
-                "compaction", "request sha256"):
-        table.add_column(col, justify="right" if col.startswith(("turn", "step", "tokens", "outputs", "blobs"))
-                         else "left")
+    trigger = compaction_budget(WINDOW).trigger
+    table = Table(title=f"ctxbuild offline demo — one row per model call (window {WINDOW:,}, "
+                        f"compaction trigger {trigger:,} tokens)")
+    for col in ("turn", "step", "tools called", "input tokens", "trimmed", "offloaded", "compaction",
+                "request"):
+        table.add_column(col, justify="left" if col in ("tools called", "compaction", "request") else "right")
     for r in rows:
-        table.add_row(str(r["turn"]), str(r["step"]), ", ".join(t.split("_")[0] if t.startswith("mcp__") else t
-                                                                 for t in r["tools"]) or "—",
-                      f"{r['servedTokens']:,}", str(r["trimmed"]), str(r["offloaded"]), r["compaction"],
-                      r["requestHash"])
+        tools = ", ".join("mcp:" + t.split("__")[2].rsplit("_", 1)[0] if t.startswith("mcp__") else t
+                          for t in r["tools"]) or "—"
+        tokens = r["inputTokens"] if r["inputTokens"] is not None else r["servedTokens"]
+        # in-loop compaction (between steps of one turn) is not built yet: show where it would fold
+        flag = " [yellow]>trigger[/yellow]" if tokens > trigger else ""
+        table.add_row(str(r["turn"]), str(r["step"]), tools, f"{tokens:,}{flag}", str(r["trimmed"]),
+                      str(r["offloaded"]), r["compaction"], r["requestHash"])
     out.print(table)
     summary = {
         "conversationId": cid,
         "steps": len(rows),
         "maxServedTokens": max(r["servedTokens"] for r in rows),
+        "maxInputTokens": max(r["inputTokens"] or 0 for r in rows),
         "outputsTrimmed": sum(r["trimmed"] for r in rows),
         "blobsWritten": sum(r["offloaded"] for r in rows),
         "attachmentChars": len(log_text),
     }
-    out.print(f"largest request: {summary['maxServedTokens']:,} tokens for a {WINDOW:,}-token window; "
+    out.print(f"largest request: {summary['maxInputTokens']:,} tokens for a {WINDOW:,}-token window; "
               f"{summary['outputsTrimmed']} outputs trimmed, {summary['blobsWritten']} full texts offloaded "
               "and readable with fs_read.")
     out.print("Model decisions were replayed (no API key). Real provider adapters (Anthropic Messages, "

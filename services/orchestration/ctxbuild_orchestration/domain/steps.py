@@ -31,11 +31,13 @@ def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         d = e["data"]
         if e["type"] == "CompactionDecided":
-            compaction = d["status"] + (f" ({d['reason']})" if d.get("reason") else "")
             if d.get("status") == "done" and d.get("preTokens") is not None:
-                compaction += f" {d['preTokens']:,}→{d.get('postTokens') or 0:,} tok"
+                compaction = f"folded {d['preTokens']:,}→{d.get('postTokens') or 0:,}"
+            else:
+                compaction = d["status"] + (f": {d['reason']}" if d.get("reason") else "")
         elif e["type"] == "StepServed":
             rows[d["step"]] = {"step": d["step"], "servedTokens": d["servedTokens"],
+                               "inputTokens": (d.get("usage") or {}).get("inputTokens"),
                                "messages": d["messagesServed"], "tools": [], "trimmed": 0, "offloaded": 0,
                                "compaction": compaction or "-", "requestHash": d["requestHash"][:12]}
             compaction = None
