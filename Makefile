@@ -10,7 +10,8 @@ STACK_DIR ?= .stack
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
-.PHONY: help sync up down status logs run demo test test-unit test-integration bench contracts check-contracts lint clean
+.PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
+	bench-blobstore check-schemas contracts check-contracts lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -50,8 +51,19 @@ test: sync check-contracts  ## unit, contract, integration and end-to-end tests 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: sync  ## benchmarks → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore check-schemas  ## every benchmark → bench/results/*.json
+
+bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
+
+bench-codec: sync  ## codec lanes vs sha256 / orjson on 10 MB inputs
+	$(PY) bench/codec.py --out bench/results/codec.json
+
+bench-blobstore: sync  ## blob store put/get vs raw S3; fs_read on a 100 MB blob
+	$(PY) bench/blobstore.py --out bench/results/blobstore.json
+
+check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
+	$(PY) bench/schemas.py --out bench/results/schemas.json
 
 contracts: sync  ## regenerate contracts/asyncapi.json and contracts/openapi.json from the apps
 	$(PY) -m ctxbuild_platform.gen_docs contracts
