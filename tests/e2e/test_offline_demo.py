@@ -30,8 +30,13 @@ async def test_demo_runs_through_every_service(demo, all_services):
     # every read_file page (8,000 chars) is over the 4,800-char in-flight threshold of a 16k window
     assert summary["outputsTrimmed"] >= PAGES
     assert summary["blobsWritten"] >= PAGES
-    assert summary["maxServedTokens"] < 16_000
-    assert "ctxbuild offline demo — per step" in printed
+    assert "ctxbuild offline demo — one row per model call" in printed
+    # turns 1 and 2 start under the 12,800-token trigger; turn 3 starts over it and is folded
+    first, second, third = summary["turnStartCompaction"]
+    assert first == second == "skipped: under-trigger"
+    assert third.startswith("folded ")
+    before, after = (int(x.replace(",", "")) for x in third.removeprefix("folded ").split("→"))
+    assert before > 12_800 and after < 12_800 // 2
 
     async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
         hist = (await http.get(f"/v1/conversations/{summary['conversationId']}/messages")).json()

@@ -145,6 +145,7 @@ def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
         "outputsTrimmed": sum(r["trimmed"] for r in rows),
         "blobsWritten": sum(r["offloaded"] for r in rows),
         "attachmentChars": len(log_text),
+        "turnStartCompaction": [r["compaction"] for r in rows if r["step"] == 1],
     }
     out.print(f"largest request: {summary['maxInputTokens']:,} tokens for a {WINDOW:,}-token window; "
               f"{summary['outputsTrimmed']} outputs trimmed, {summary['blobsWritten']} full texts offloaded "
