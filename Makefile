@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore check-schemas contracts check-contracts lint clean
+	bench-blobstore bench-eventstore check-schemas contracts check-contracts lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ test: sync check-contracts  ## unit, contract, integration and end-to-end tests 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore check-schemas  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore check-schemas  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -61,6 +61,9 @@ bench-codec: sync  ## codec lanes vs sha256 / orjson on 10 MB inputs
 
 bench-blobstore: sync  ## blob store put/get vs raw S3; fs_read on a 100 MB blob
 	$(PY) bench/blobstore.py --out bench/results/blobstore.json
+
+bench-eventstore: sync  ## event append vs raw asyncpg INSERT; events/s; outbox lag
+	$(PY) bench/eventstore.py --out bench/results/eventstore.json
 
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
