@@ -106,3 +106,15 @@ async def test_bad_requests_get_typed_errors(all_services):
         assert missing.status_code == 404 and missing.json()["code"] == "not-found"
         bad = await http.post("/v1/conversations", json={"settings": {"contextWindow": -1}})
         assert bad.status_code == 422
+
+
+async def test_trace_context_follows_a_turn_through_the_services(demo, rpc, all_services):
+    """One trace per turn: the runner's span is propagated over NATS into persistence, which stores it."""
+    summary, _, _ = demo
+    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+        hist = (await http.get(f"/v1/conversations/{summary['conversationId']}/messages")).json()
+    turn_id = hist["messages"][-1]["turnId"]
+    events = (await rpc.call("ctx.persist.read_stream", {"streamId": f"turn:{turn_id}"}))["events"]
+    trace_ids = {e["metadata"]["traceparent"].split("-")[1] for e in events}
+    assert len(events) >= 3 and len(trace_ids) == 1
+    assert trace_ids != {"0" * 32}
