@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
@@ -90,8 +91,21 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
     )
 
 
+class _DrainingServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown (exit status -15); a drained service exits 0."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
 def serve(app: Any, settings: ServiceSettings) -> None:
-    """Run until SIGTERM/SIGINT; uvicorn installs the signal handlers and runs the lifespan shutdown."""
-    uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_config=None,
-                access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 1,
-                lifespan="on")
+    """Run until SIGTERM/SIGINT: stop taking HTTP, run the lifespan shutdown (FastStream drains), exit 0."""
+    config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None,
+                            access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 1,
+                            lifespan="on")
+    _DrainingServer(config).run()
