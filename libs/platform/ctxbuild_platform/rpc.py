@@ -18,7 +18,8 @@ from typing import Any
 import structlog
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 
 from . import contracts
 from .errors import InvalidPayload, RemoteError, ServiceError
@@ -48,7 +49,7 @@ async def dispatch(subject: str, raw: bytes, fn: Handler) -> dict[str, Any]:
         else:
             log.info("error-reply", subject=subject, code=exc.code, error=exc.message)
         return {"error": exc.to_payload()}
-    except Exception as exc:  # noqa: BLE001 - an unexpected bug still yields a typed reply
+    except Exception as exc:
         log.exception("handler-crashed", subject=subject)
         return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500], "retryable": False}}
 

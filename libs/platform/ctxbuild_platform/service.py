@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -71,7 +72,7 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
             if not ok:
                 failing.append(name)
         if failing:
-            body = ('{"status":"not-ready","failing":[%s]}' % ",".join(f'"{f}"' for f in failing)).encode()
+            body = json.dumps({"status": "not-ready", "failing": failing}).encode()
             return AsgiResponse(body, 503, headers={"content-type": "application/json"})
         return AsgiResponse(b'{"status":"ready"}', 200, headers={"content-type": "application/json"})
 

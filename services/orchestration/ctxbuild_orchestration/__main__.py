@@ -7,9 +7,9 @@ import asyncio
 from ctxbuild_platform.logging import configure_logging
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import broker_options, serve
-from faststream.nats.fastapi import NatsRouter
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from faststream.nats.fastapi import NatsRouter
 
 from .adapters.backends import Backends
 from .handlers import build_api, install_error_handlers

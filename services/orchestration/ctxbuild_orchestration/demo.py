@@ -16,11 +16,10 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from ctxbuild_codec import compaction_budget
 from httpx_sse import connect_sse
 from rich.console import Console
 from rich.table import Table
-
-from ctxbuild_codec import compaction_budget
 
 from .domain.steps import step_rows
 

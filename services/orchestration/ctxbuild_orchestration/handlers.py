@@ -7,6 +7,7 @@ import json
 from typing import Any, Literal
 
 from ctxbuild_platform.errors import RemoteError, ServiceError
+from ctxbuild_providers import ReplayProvider
 from fastapi import APIRouter, FastAPI, File, Header, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -14,7 +15,6 @@ from sse_starlette import EventSourceResponse
 
 from .adapters.backends import Backends, new_event
 from .runner import TurnRunner, new_id
-from ctxbuild_providers import ReplayProvider
 
 TERMINAL = {"TurnCompleted", "TurnFailed"}
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504}

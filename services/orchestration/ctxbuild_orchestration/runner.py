@@ -12,10 +12,10 @@ import uuid
 from typing import Any
 
 import structlog
+from ctxbuild_codec.tokens import count_messages
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.telemetry import span
 from ctxbuild_providers import ModelRequest, Provider, ProviderError
-from ctxbuild_codec.tokens import count_messages
 
 from .adapters.backends import Backends, new_event
 from .domain.steps import assistant_message, tool_message, tool_result
@@ -66,7 +66,7 @@ class TurnRunner:
                 code = getattr(exc, "code", "provider-error")
                 log.warning("turn-failed", turn_id=turn_id, code=code, error=str(exc))
                 await self._fail(ts, turn_id, code, str(exc))
-            except Exception as exc:  # noqa: BLE001 - a turn always ends with a terminal event
+            except Exception as exc:
                 log.exception("turn-crashed", turn_id=turn_id)
                 await self._fail(ts, turn_id, "internal", f"{type(exc).__name__}: {exc}")
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from pydantic import Field
 from ctxbuild_platform.settings import ServiceSettings
+from pydantic import Field
 
 
 class Settings(ServiceSettings):
