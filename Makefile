@@ -40,8 +40,8 @@ logs: sync  ## tail every component's log (make logs NAME=blobstore for one)
 
 run: up demo  ## the main job: bring the stack up and run the offline demo
 
-demo: sync  ## run the offline demo against a running stack
-	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR)
+demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
+	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
 test: sync check-contracts  ## unit, contract, integration and end-to-end tests on a real local stack
 	@$(PY) -m pytest tests; rc=$$?; \

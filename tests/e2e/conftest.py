@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 import nats
 import pytest
 import pytest_asyncio
-from ctxbuild_devstack import SERVICES
+from ctxbuild_devstack import SERVICES, free_port
+
+from tests.support.fake_openai import FakeOpenAI
 
 
 @dataclass
@@ -21,9 +23,18 @@ class Tap:
 
 
 @pytest.fixture(scope="session")
-def all_services(stack, start_service) -> str:
+def fake_openai():
+    """A local server speaking the OpenAI chat-completions wire format (the one replaced part: the model)."""
+    server = FakeOpenAI(free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def all_services(stack, start_service, fake_openai) -> str:
     for name in SERVICES:
-        start_service(name)
+        extra = {"CTX_OPENAI_BASE_URL": fake_openai.base_url} if name == "orchestration" else {}
+        start_service(name, **extra)
     return stack.env["CTX_ORCHESTRATION_HTTP"]
 
 

@@ -1,7 +1,8 @@
 """LLM provider adapters: the interface, byte-stable rendering, and the offline replay provider."""
 
 from .base import ModelRequest, ModelResponse, Provider, ProviderError, ToolSpec
+from .openai_chat import OpenAIChatProvider
 from .replay import ReplayProvider, last_offload_uri
 
-__all__ = ["ModelRequest", "ModelResponse", "Provider", "ProviderError", "ReplayProvider", "ToolSpec",
+__all__ = ["ModelRequest", "ModelResponse", "OpenAIChatProvider", "Provider", "ProviderError", "ReplayProvider", "ToolSpec",
            "last_offload_uri"]

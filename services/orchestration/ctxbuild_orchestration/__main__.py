@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from typing import Any
+
+from ctxbuild_platform.errors import ServiceError
 from ctxbuild_platform.logging import configure_logging
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import broker_options, serve
@@ -11,10 +14,22 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from faststream.nats.fastapi import NatsRouter
 
+from ctxbuild_providers import OpenAIChatProvider, Provider, ReplayProvider
+
 from .adapters.backends import Backends
 from .handlers import build_api, install_error_handlers
 from .runner import TurnRunner
 from .settings import Settings
+
+
+def make_provider(spec: Any, settings: Settings) -> Provider:
+    if spec.kind == "replay":
+        return ReplayProvider(spec.script)
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    if key is None and settings.openai_base_url is None:
+        raise ServiceError("no OpenAI-compatible endpoint configured: set CTX_OPENAI_BASE_URL and/or "
+                           "CTX_OPENAI_API_KEY on the orchestration service", code="provider-not-configured")
+    return OpenAIChatProvider(spec.model, base_url=settings.openai_base_url, api_key=key)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -23,7 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     router = NatsRouter(**broker_options(settings))
     backends = Backends(RpcClient(router.broker, settings.request_timeout_s), settings.tool_timeout_s)
     runner = TurnRunner(backends, settings.max_steps, settings.default_model)
-    api = build_api(backends, runner, settings.sse_poll_s)
+    api = build_api(backends, runner, settings.sse_poll_s, lambda spec: make_provider(spec, settings))
     state = {"started": False}
 
     @router.after_startup

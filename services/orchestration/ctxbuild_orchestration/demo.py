@@ -86,7 +86,8 @@ def _env_url(stack_dir: Path) -> str:
     return env["CTX_ORCHESTRATION_HTTP"]
 
 
-def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
+def run_demo(base_url: str, out: Console = console, model: str | None = None) -> dict[str, Any]:
+    """Replay by default; with `model`, the same user turns go to the server's OpenAI-compatible endpoint."""
     rows: list[dict[str, Any]] = []
     with httpx.Client(base_url=base_url, timeout=120) as http:
         conv = http.post("/v1/conversations", json={
@@ -101,8 +102,8 @@ def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
                   f"({len(log_text):,} chars, {PAGES} pages of {PAGE:,}) under a {WINDOW:,}-token window")
         for n, (text, script) in enumerate(turns(log_text), 1):
             t0 = time.monotonic()
-            r = http.post(f"/v1/conversations/{cid}/turns", json={"text": text,
-                                                                  "provider": {"kind": "replay", "script": script}})
+            provider = {"kind": "openai", "model": model} if model else {"kind": "replay", "script": script}
+            r = http.post(f"/v1/conversations/{cid}/turns", json={"text": text, "provider": provider})
             r.raise_for_status()
             turn = r.json()
             terminal = None
@@ -149,18 +150,23 @@ def run_demo(base_url: str, out: Console = console) -> dict[str, Any]:
     out.print(f"largest request: {summary['maxInputTokens']:,} tokens for a {WINDOW:,}-token window; "
               f"{summary['outputsTrimmed']} outputs trimmed, {summary['blobsWritten']} full texts offloaded "
               "and readable with fs_read.")
-    out.print("Model decisions were replayed (no API key). Real provider adapters (Anthropic Messages, "
-              "OpenAI-compatible via CTX_PROVIDER / CTX_PROVIDER_BASE_URL / CTX_PROVIDER_API_KEY) are issue #9; "
-              "until then, POST turns with your own replay script to the same API.")
+    if not model:
+        out.print("Model decisions were replayed (no API key needed). To run the same turns on a real model, "
+                  "start the stack with an OpenAI-compatible endpoint and name a model:\n"
+                  "  make down && CTX_OPENAI_BASE_URL=https://api.openai.com/v1 CTX_OPENAI_API_KEY=sk-… make up\n"
+                  "  make demo MODEL=gpt-4o-mini\n"
+                  "(any OpenAI-compatible server works: vLLM, Ollama at http://127.0.0.1:11434/v1, Gemini's endpoint)")
     return summary
 
 
 @app.command()
 def main(url: Annotated[str | None, typer.Option(help="orchestration base URL")] = None,
          stack_dir: Annotated[Path, typer.Option("--dir")] = Path(".stack"),
-         json_out: Annotated[Path | None, typer.Option("--json")] = None) -> None:
+         json_out: Annotated[Path | None, typer.Option("--json")] = None,
+         model: Annotated[str | None, typer.Option(help="a model on the server's OpenAI-compatible endpoint "
+                                                        "instead of the replayed decisions")] = None) -> None:
     """Run the offline demo against a running stack (make up)."""
-    summary = run_demo(url or _env_url(stack_dir))
+    summary = run_demo(url or _env_url(stack_dir), model=model)
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2))
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from ctxbuild_platform.errors import RemoteError, ServiceError
-from ctxbuild_providers import ReplayProvider
+from ctxbuild_providers import Provider
 from fastapi import APIRouter, FastAPI, File, Header, Request, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -17,7 +18,8 @@ from .adapters.backends import Backends, new_event
 from .runner import TurnRunner, new_id
 
 TERMINAL = {"TurnCompleted", "TurnFailed"}
-STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504}
+STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
+          "provider-not-configured": 400, "unsupported-media": 415}
 
 
 class ConversationSettings(BaseModel):
@@ -36,21 +38,35 @@ class CreateConversation(BaseModel):
 
 
 class ReplaySpec(BaseModel):
-    kind: Literal["replay"] = "replay"
+    """Scripted model decisions (offline runs, demos, tests)."""
+
+    kind: Literal["replay"]
     script: list[dict[str, Any]] = Field(min_length=1)
+
+
+class OpenAISpec(BaseModel):
+    """A real model behind the server's configured OpenAI-compatible endpoint (CTX_OPENAI_BASE_URL/API_KEY)."""
+
+    kind: Literal["openai"]
+    model: str = Field(min_length=1)
 
 
 class CreateTurn(BaseModel):
     text: str = Field(min_length=1)
-    provider: ReplaySpec
+    provider: Annotated[ReplaySpec | OpenAISpec, Field(discriminator="kind")]
 
 
 def error_response(exc: ServiceError) -> JSONResponse:
-    return JSONResponse(exc.to_payload() | ({"details": exc.details} if exc.details else {}),
-                        status_code=STATUS.get(exc.code, 502 if isinstance(exc, RemoteError) else 500))
+    if isinstance(exc, RemoteError):
+        # a backend refusing our own request is our fault (502), not the client's (422)
+        status = {"not-found": 404, "version-conflict": 409}.get(exc.code, 503 if exc.retryable else 502)
+    else:
+        status = STATUS.get(exc.code, 500)
+    return JSONResponse(exc.to_payload(), status_code=status)
 
 
-def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float) -> APIRouter:
+def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float,
+              provider_for: Callable[[BaseModel], Provider]) -> APIRouter:
     api = APIRouter(prefix="/v1")
     tasks: set[asyncio.Task] = set()
 
@@ -87,12 +103,12 @@ def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float) -> APIR
     @api.post("/conversations/{conversation_id}/turns", status_code=202)
     async def create_turn(conversation_id: str, body: CreateTurn) -> dict[str, Any]:
         cs = await conversation_settings(conversation_id)
+        provider = provider_for(body.provider)
         hist = await backends.history(conversation_id)
         parent = hist["messages"][-1]["id"] if hist["messages"] else None
         turn_id, msg_id = new_id("turn"), new_id("msg")
         message = {"id": msg_id, "parentId": parent, "role": "user", "parts": [{"type": "text", "text": body.text}]}
         await backends.append(f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})])
-        provider = ReplayProvider(body.provider.script)
         task = asyncio.create_task(runner.run(conversation_id, turn_id, msg_id, provider, cs))
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -1,0 +1,47 @@
+"""A turn on the OpenAI-compatible adapter, through the services, against a local wire-format server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_turn_with_a_real_adapter(all_services, fake_openai):
+    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+        cid = (await http.post("/v1/conversations", json={"settings": {"contextWindow": 16000,
+                                                                        "mcpMode": "disabled"}})).json()["id"]
+        await http.post(f"/v1/conversations/{cid}/attachments",
+                        files={"file": ("notes.txt", ("hello wire\n" * 300).encode(), "text/plain")})
+        turn = (await http.post(f"/v1/conversations/{cid}/turns", json={
+            "text": "What is in notes.txt? (read_file handle: notes.txt)",
+            "provider": {"kind": "openai", "model": "fake-model"}})).json()
+        seen = []
+        async with aconnect_sse(http, "GET", turn["events"]) as sse:
+            async for ev in sse.aiter_sse():
+                seen.append(ev.event)
+                if ev.event in ("TurnCompleted", "TurnFailed"):
+                    last = json.loads(ev.data)
+                    break
+        assert seen[-1] == "TurnCompleted", last
+        hist = (await http.get(f"/v1/conversations/{cid}/messages")).json()
+    wire = [r for r in fake_openai.requests if r["model"] == "fake-model"][-1]
+    tool_msgs = [m for m in wire["messages"] if m["role"] == "tool"]
+    assert len(tool_msgs) == 1 and tool_msgs[0]["content"].startswith("hello wire\n")
+    assert "[Showing 500 of 3300 chars. Call read_file again with offset=500 for more.]" in tool_msgs[0]["content"]
+    final = hist["messages"][-1]
+    assert final["role"] == "assistant"
+    assert final["parts"] == [{"type": "text", "text": f"I read {len(tool_msgs[0]['content'])} characters."}]
+    assert final["usage"]["cacheReadTokens"] > 0
+    assert {t["function"]["name"] for t in wire["tools"]} == {"read_file", "fs_read"}
+
+
+async def test_unconfigured_provider_is_a_typed_error(all_services):
+    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+        cid = (await http.post("/v1/conversations", json={})).json()["id"]
+        bad = await http.post(f"/v1/conversations/{cid}/turns", json={"text": "hi", "provider": {"kind": "nope"}})
+        assert bad.status_code == 422
