@@ -21,7 +21,7 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 .venv/.synced: $(UV) uv.lock pyproject.toml $(wildcard libs/*/pyproject.toml services/*/pyproject.toml)
-	$(UV) sync --all-packages --frozen
+	$(UV) sync --all-packages --locked
 	@touch $@
 
 sync: .venv/.synced  ## install the workspace (uv, locked)
