@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from faststream.nats.fastapi import NatsRouter
 
-from ctxbuild_providers import OpenAIChatProvider, Provider, ReplayProvider
+from ctxbuild_providers import AnthropicMessagesProvider, OpenAIChatProvider, Provider, ReplayProvider
 
 from .adapters.backends import Backends
 from .handlers import build_api, install_error_handlers
@@ -25,6 +25,12 @@ from .settings import Settings
 def make_provider(spec: Any, settings: Settings) -> Provider:
     if spec.kind == "replay":
         return ReplayProvider(spec.script)
+    if spec.kind == "anthropic":
+        if settings.anthropic_api_key is None and settings.anthropic_base_url is None:
+            raise ServiceError("no Anthropic endpoint configured: set CTX_ANTHROPIC_API_KEY on the orchestration "
+                               "service", code="provider-not-configured")
+        key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
+        return AnthropicMessagesProvider(spec.model, api_key=key, base_url=settings.anthropic_base_url)
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
     if key is None and settings.openai_base_url is None:
         raise ServiceError("no OpenAI-compatible endpoint configured: set CTX_OPENAI_BASE_URL and/or "

@@ -51,9 +51,16 @@ class OpenAISpec(BaseModel):
     model: str = Field(min_length=1)
 
 
+class AnthropicSpec(BaseModel):
+    """A Claude model through the Messages API (CTX_ANTHROPIC_API_KEY, optional CTX_ANTHROPIC_BASE_URL)."""
+
+    kind: Literal["anthropic"]
+    model: str = Field(min_length=1)
+
+
 class CreateTurn(BaseModel):
     text: str = Field(min_length=1)
-    provider: Annotated[ReplaySpec | OpenAISpec, Field(discriminator="kind")]
+    provider: Annotated[ReplaySpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
 
 
 def error_response(exc: ServiceError) -> JSONResponse:

@@ -13,3 +13,5 @@ class Settings(ServiceSettings):
     openai_base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint (vLLM, Ollama, Gemini, …); unset = api.openai.com")
     openai_api_key: SecretStr | None = Field(None, description="never defaulted; local servers accept any")
+    anthropic_base_url: str | None = Field(None, description="unset = api.anthropic.com")
+    anthropic_api_key: SecretStr | None = Field(None, description="never defaulted")
