@@ -19,7 +19,7 @@ TIME_SERVER = {"id": "time", "name": "time", "transport": "stdio", "command": sy
 # the same server, not in the auto pool, so nothing prewarms it: its cache is cold until a resolve needs it
 COLD_SERVER = {**TIME_SERVER, "id": "time_cold", "name": "time cold", "active": False}
 SLOW_SERVER = {**TIME_SERVER, "id": "time_slow", "name": "time slow", "active": False}
-# a server whose process exits at once: it must be reported failed, never as "no tools"
+# a server whose process exits at once: it must be reported as an error, never as "no tools"
 BROKEN_SERVER = {"id": "broken", "name": "broken", "transport": "stdio", "command": sys.executable,
                  "args": ["-c", "import sys; sys.exit(3)"], "active": False}
 
@@ -71,7 +71,7 @@ async def test_a_server_not_ready_within_the_bound_is_reported_warming(mcp_catal
     assert (await server_status(mcp_catalog))["time_slow"]["status"] == "cold"
     # no time to warm: the reply says so (finding #6: never a silent empty list)
     r = await resolve(rpc, serverIds=["time_slow"], warmTimeoutS=0)
-    assert r == {"tools": [], "servers": [{"id": "time_slow", "status": "warming"}]}
+    assert r == {"mode": "manual", "tools": [], "servers": [{"id": "time_slow", "status": "warming"}]}
     # the next turn joins that warm-up and gets the tools
     r = await resolve(rpc, serverIds=["time_slow"])
     assert r["servers"] == [{"id": "time_slow", "status": "ready"}] and len(r["tools"]) == 2
@@ -114,9 +114,10 @@ async def test_unknown_tool_is_not_found(mcp_catalog, rpc):
 
 async def test_modes(mcp_catalog, rpc):
     disabled = await resolve(rpc, mode="disabled", serverIds=["time"])
-    assert disabled == {"tools": [], "servers": []}
+    assert disabled == {"mode": "disabled", "tools": [], "servers": []}
     manual_unlinked = await resolve(rpc, mode="manual")
-    assert manual_unlinked == {"tools": [], "servers": []}
+    assert manual_unlinked == {"mode": "manual", "tools": [], "servers": []}
+    assert (await resolve(rpc))["mode"] == "manual"  # the one default, defined in the catalog
     auto = await resolve(rpc, mode="auto")  # every active server: time (broken is inactive)
     assert auto["servers"] == [{"id": "time", "status": "ready"}]
     assert len(auto["tools"]) == 2
@@ -127,8 +128,8 @@ async def test_not_ready_servers_are_reported(mcp_catalog, rpc):
     by_id = {s["id"]: s for s in r["servers"]}
     assert [s["id"] for s in r["servers"]] == ["time", "broken", "ghost"]
     assert by_id["time"]["status"] == "ready"
-    assert by_id["broken"]["status"] == "failed" and by_id["broken"]["error"]
-    assert by_id["ghost"]["status"] == "failed" and "not configured" in by_id["ghost"]["error"]
+    assert by_id["broken"]["status"] == "error" and by_id["broken"]["error"]
+    assert by_id["ghost"]["status"] == "error" and "not registered" in by_id["ghost"]["error"]
     assert {t["serverId"] for t in r["tools"]} == {"time"}
 
 

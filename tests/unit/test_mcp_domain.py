@@ -8,7 +8,7 @@ import re
 
 import pytest
 from ctxbuild_mcp_catalog.domain import outputs, resolution
-from ctxbuild_mcp_catalog.domain.resolution import CacheEntry, ServerRef
+from ctxbuild_mcp_catalog.domain.resolution import CacheEntry, ServerRef, ServerView
 from ctxbuild_mcp_catalog.domain.tool_ids import (
     MAX_ID_LEN,
     looks_like_tool_id,
@@ -101,7 +101,8 @@ def test_real_catalog_tool_ids_are_unique_and_wire_valid(shared_data):
 
 
 # ---------- modes and selection ----------
-CONFIGURED = [ServerRef("time"), ServerRef("fetch"), ServerRef("off", active=False)]
+CONFIGURED = [ServerRef("time"), ServerRef("fetch"), ServerRef("off", active=False),
+              ServerRef("dis", enabled=False)]
 
 
 def test_default_mode_is_manual():
@@ -117,7 +118,8 @@ def test_default_mode_is_manual():
     ("manual", [], []),
     ("manual", ["fetch", "time", "fetch", "ghost"], ["fetch", "time", "ghost"]),  # order kept, deduped
     ("manual", ["off"], ["off"]),  # explicitly linked, even if not in the auto pool
-    ("auto", None, ["time", "fetch"]),  # every active server, configuration order
+    ("manual", ["dis"], ["dis"]),  # a disabled server is kept, so the reply can say it is disabled
+    ("auto", None, ["time", "fetch"]),  # every active enabled server, registry order
     ("auto", ["fetch"], ["time", "fetch"]),  # auto ignores the links
     ("disabled", ["time"], []),
 ])
@@ -156,27 +158,33 @@ def test_change_is_signalled_only_when_the_list_really_changed():
 
 
 # ---------- resolve view ----------
+def views(*ids: str, unregistered: tuple[str, ...] = (), disabled: tuple[str, ...] = ()) -> list[ServerView]:
+    return [ServerView(i, i not in unregistered, i not in disabled) for i in ids]
+
+
 def test_resolve_reports_every_selected_server_and_never_hides_a_cold_one():
     entries = {
         "time": resolution.ready_entry([tool("time", "now"), tool("time", "convert")], 1.0),
         "fetch": None,  # cold, warm-up still running after the bounded wait
         "git": resolution.failed_entry(None, "spawn failed: ENOENT", 1.0),
+        "off": None,
     }
-    r = resolution.resolve(["fetch", "time", "git", "ghost"], entries, ["time", "fetch", "git"],
-                           in_flight=["fetch"])
+    r = resolution.resolve(views("fetch", "time", "git", "ghost", "off", unregistered=("ghost",),
+                                 disabled=("off",)), entries, warming=["fetch"])
     assert [t["name"] for t in r.tools] == ["convert", "now"]
     assert r.servers == [
         {"id": "fetch", "status": "warming"},
         {"id": "time", "status": "ready"},
-        {"id": "git", "status": "failed", "error": "spawn failed: ENOENT"},
-        {"id": "ghost", "status": "failed", "error": "MCP server is not configured"},
+        {"id": "git", "status": "error", "error": "spawn failed: ENOENT"},
+        {"id": "ghost", "status": "error", "error": "MCP server is not registered"},
+        {"id": "off", "status": "disabled"},
     ]
 
 
 def test_resolve_serves_the_last_good_list_during_a_refresh_and_warming_beats_an_old_failure():
     entries = {"time": resolution.ready_entry([tool("time", "now")], 1.0),
                "git": resolution.failed_entry(None, "old failure", 1.0)}
-    r = resolution.resolve(["time", "git"], entries, ["time", "git"], in_flight=["time", "git"])
+    r = resolution.resolve(views("time", "git"), entries, warming=["time", "git"])
     assert r.servers == [{"id": "time", "status": "ready"}, {"id": "git", "status": "warming"}]
     assert len(r.tools) == 1
 
@@ -184,8 +192,22 @@ def test_resolve_serves_the_last_good_list_during_a_refresh_and_warming_beats_an
 def test_a_failed_refresh_keeps_no_tools_on_the_wire():
     prev = resolution.ready_entry([tool("s", "a")], 1.0)
     failed = resolution.failed_entry(prev, "crashed", 2.0)
-    r = resolution.resolve(["s"], {"s": failed}, ["s"])
-    assert r.tools == [] and r.servers == [{"id": "s", "status": "failed", "error": "crashed"}]
+    r = resolution.resolve(views("s"), {"s": failed})
+    assert r.tools == [] and r.servers == [{"id": "s", "status": "error", "error": "crashed"}]
+
+
+def test_a_list_taken_with_another_config_is_not_served():
+    entry = resolution.ready_entry([tool("s", "a")], 1.0, config="old")
+    assert resolution.needs_warm(entry, 2.0, "new") and not resolution.needs_warm(entry, 2.0, "old")
+    r = resolution.resolve([ServerView("s", True, True, "new")], {"s": entry})
+    assert r.tools == [] and r.servers == [{"id": "s", "status": "warming"}]
+
+
+def test_cache_entry_round_trips_through_json():
+    e = resolution.ready_entry([tool("s", "a"), tool("s", "b")], 12.5, config="abc")
+    assert CacheEntry.from_json(e.to_json()) == e
+    f = resolution.failed_entry(e, "boom", 13.0, "abc").with_stale()
+    assert CacheEntry.from_json(f.to_json()) == f
 
 
 # ---------- outputs ----------
@@ -194,7 +216,11 @@ def test_call_outputs():
     assert outputs.call_output(blocks, False) == {"type": "content", "value": blocks}
     assert outputs.call_output(blocks, True) == {"type": "error-text", "value": "hello"}
     assert outputs.call_output([], False, {"x": 1}) == {"type": "content",
-                                                        "value": [{"type": "text", "text": '{"x":1}'}]}
+                                                        "value": [{"type": "text", "text": '{"x":1}'}],
+                                                        "metadata": {"structuredContent": {"x": 1}}}
+    # structured content rides along intact next to the blocks
+    both = outputs.call_output(blocks, False, {"t": [1, 2]})
+    assert both == {"type": "content", "value": blocks, "metadata": {"structuredContent": {"t": [1, 2]}}}
     assert outputs.call_output([], True) == {"type": "error-text",
                                              "value": "the tool reported an error without details"}
     img_err = outputs.call_output(blocks[1:], True)

@@ -1,23 +1,46 @@
-"""Start the MCP catalog: ``python -m ctxbuild_mcp_catalog``."""
+"""Start the MCP catalog: ``python -m ctxbuild_mcp_catalog``.
+
+Start-up: migrate the registry schema and seed it from CTX_MCP_SERVERS (before the broker subscribes), then
+subscribe, then prewarm the active servers in the background. The KV buckets are bound on first use.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import structlog
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.asgi import AsgiResponse, get
 
+from .adapters.registry import Registry, apply_migrations
+from .adapters.tool_cache import KvBuckets, KvToolCache, KvTurnStore
 from .catalog import Catalog
-from .handlers import register
+from .handlers import make_publisher, register
 from .settings import Settings
+
+log = structlog.get_logger("mcp_catalog")
 
 
 def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
     settings = settings or Settings()
     broker = make_broker(settings)
-    catalog = Catalog(settings)
+    url = str(settings.database_url)
+    registry = Registry(url, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                        timeout=settings.db_timeout_s)
+    buckets = KvBuckets(lambda: broker.connection, tools=settings.kv_tools_bucket,
+                        leases=settings.kv_leases_bucket, turns=settings.kv_turns_bucket,
+                        lease_ttl_s=max(settings.lease_ttl_s, settings.server_start_timeout_s + 5),
+                        turn_ttl_s=settings.turn_ttl_s)
+    catalog = Catalog(settings, registry, KvToolCache(buckets), KvTurnStore(buckets),
+                      publish=make_publisher(broker))
     register(broker, catalog, max_workers=settings.max_workers)
+
+    async def open_registry() -> None:
+        applied = await apply_migrations(url, connect_timeout=settings.db_timeout_s)
+        await registry.connect()
+        seeded = await registry.seed(settings.mcp_servers)
+        log.info("registry-ready", migrations=applied, **seeded)
 
     @get(include_in_schema=False)
     async def servers(scope: Any) -> AsgiResponse:
@@ -25,9 +48,11 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
         return AsgiResponse(body, 200, headers={"content-type": "application/json"})
 
     app = make_app(settings, broker,
-                   readiness=[("mcp", catalog.ready)],
+                   readiness=[("postgres", registry.ping), ("mcp", catalog.ready)],
+                   on_startup=[open_registry],
                    after_startup=[catalog.start],
-                   on_shutdown=[catalog.close],
+                   # sessions and the pool close only after the broker drained in-flight calls
+                   after_shutdown=[catalog.close, registry.close],
                    extra_routes=[("/mcp/servers", servers)])
     return app, settings, catalog
 

@@ -1,4 +1,5 @@
-"""One long-lived MCP client session per server, over stdio, with the official SDK (``mcp`` 2.x ``Client``).
+"""One long-lived MCP client session per server, over stdio or streamable HTTP, with the official SDK (``mcp`` 2.x
+``Client``).
 
 The SDK's client is an async context manager built on anyio task groups, which must be entered and exited by
 the same task. So each connection has an *owner task* that enters the client, signals readiness and waits
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import mcp_types
 import structlog
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
+
+from ..settings import McpServerConfig
 
 log = structlog.get_logger("mcp_session")
 
@@ -53,13 +58,22 @@ def _transport_closed(client: Client) -> bool:
         return False
 
 
-class McpConnection:
-    """A client session to one stdio MCP server."""
+@contextlib.asynccontextmanager
+async def http_transport(url: str, headers: dict[str, str] | None) -> AsyncIterator[Any]:
+    """Streamable HTTP with our headers (the SDK's default client otherwise: MCP timeouts, same-origin
+    redirects only)."""
+    async with create_mcp_http_client(headers=headers or None) as http, \
+            streamable_http_client(url, http_client=http) as streams:
+        yield streams
 
-    def __init__(self, server_id: str, command: str, args: list[str], env: dict[str, str] | None = None,
-                 cwd: str | None = None, *, on_tools_changed: Callable[[], None] | None = None) -> None:
-        self.server_id = server_id
-        self._params = StdioServerParameters(command=command, args=list(args), env=env, cwd=cwd)
+
+class McpConnection:
+    """A client session to one MCP server (stdio or streamable HTTP)."""
+
+    def __init__(self, config: McpServerConfig, *, on_tools_changed: Callable[[], None] | None = None) -> None:
+        self.server_id = config.id
+        self.config_hash = config.connection_hash()
+        self._config = config
         self._on_tools_changed = on_tools_changed
         self._client: Client | None = None
         self._owner: asyncio.Task[None] | None = None
@@ -89,7 +103,15 @@ class McpConnection:
             raise
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
-        client = Client(self._params, cache=None, message_handler=self._on_message)
+        cfg = self._config
+        server: Any
+        if cfg.transport == "http":
+            assert cfg.url is not None
+            server = http_transport(cfg.url, cfg.headers)
+        else:
+            assert cfg.command is not None
+            server = StdioServerParameters(command=cfg.command, args=list(cfg.args), env=cfg.env, cwd=cfg.cwd)
+        client = Client(server, cache=None, message_handler=self._on_message)
         try:
             async with client:
                 self._client = client

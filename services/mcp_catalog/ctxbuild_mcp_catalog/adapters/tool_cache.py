@@ -1,21 +1,195 @@
-"""The tool cache: one entry per server, plus an index tool id → (server id, tool name).
+"""The tool cache shared by all replicas (NATS JetStream KV), warm-up leases and per-turn meta-tool state.
 
-In memory, per replica, for now; the interface is async so a NATS KV bucket shared by all replicas (SPEC §11)
-can replace it without touching the catalog.
+Buckets (created on first use, idempotently):
+- ``ctx_mcp_tools``: one key per server, ``srv_<sha256(serverId)[:40]>`` → the CacheEntry JSON.
+- ``ctx_mcp_leases``: one key per server while a replica warms it (single flight ACROSS replicas). Taken with
+  ``create`` (fails when the key exists), released with a revision-checked delete; the bucket's max age (TTL)
+  frees the lease of a replica that died while warming.
+- ``ctx_mcp_turns``: ``turn_<sha256(turnId)[:40]>`` → the turn's deferral state (deferred tool ids, inspected
+  names); updates are compare-and-set on the revision; the bucket's max age expires old turns.
+
+In-memory twins with the same interface serve the unit tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
 from typing import Any
 
-from ..domain.resolution import CacheEntry, Status, changed
+import structlog
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+from ..domain.resolution import CacheEntry
+
+log = structlog.get_logger("mcp_cache")
+CAS_RETRIES = 20
+
+
+def server_key(server_id: str) -> str:
+    return "srv_" + hashlib.sha256(server_id.encode()).hexdigest()[:40]
+
+
+def turn_key(turn_id: str) -> str:
+    return "turn_" + hashlib.sha256(turn_id.encode()).hexdigest()[:40]
+
+
+class KvBuckets:
+    """Binds the three buckets lazily over the broker's NATS connection."""
+
+    def __init__(self, connection: Callable[[], Any], *, tools: str, leases: str, turns: str,
+                 lease_ttl_s: float, turn_ttl_s: float) -> None:
+        self._connection = connection
+        self.names = {"tools": tools, "leases": leases, "turns": turns}
+        self.ttls = {"tools": None, "leases": lease_ttl_s, "turns": turn_ttl_s}
+        self._kv: dict[str, Any] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, which: str) -> Any:
+        kv = self._kv.get(which)
+        if kv is not None:
+            return kv
+        async with self._lock:
+            if which not in self._kv:
+                js = self._connection().jetstream()
+                name = self.names[which]
+                try:
+                    kv = await js.create_key_value(bucket=name, history=1, ttl=self.ttls[which],
+                                                   description=f"ctxbuild mcp_catalog {which}")
+                except BadRequestError:  # exists with another config (e.g. another TTL): use it as it is
+                    kv = await js.key_value(name)
+                self._kv[which] = kv
+        return self._kv[which]
+
+    async def ping(self) -> bool:
+        try:
+            kv = await self.get("tools")
+            await kv.status()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+
+class KvToolCache:
+    def __init__(self, buckets: KvBuckets) -> None:
+        self.b = buckets
+
+    async def get(self, server_id: str) -> CacheEntry | None:
+        kv = await self.b.get("tools")
+        try:
+            e = await kv.get(server_key(server_id))
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return CacheEntry.from_json(e.value) if e.value else None
+
+    async def get_many(self, server_ids: list[str]) -> dict[str, CacheEntry | None]:
+        got = await asyncio.gather(*(self.get(s) for s in server_ids))
+        return dict(zip(server_ids, got, strict=True))
+
+    async def put(self, server_id: str, entry: CacheEntry) -> None:
+        kv = await self.b.get("tools")
+        await kv.put(server_key(server_id), entry.to_json())
+
+    async def delete(self, server_id: str) -> None:
+        kv = await self.b.get("tools")
+        await kv.delete(server_key(server_id))
+
+    async def mark_stale(self, server_id: str) -> None:
+        kv = await self.b.get("tools")
+        key = server_key(server_id)
+        for _ in range(CAS_RETRIES):
+            try:
+                e = await kv.get(key)
+            except (KeyNotFoundError, NotFoundError):
+                return
+            entry = CacheEntry.from_json(e.value)
+            if entry.stale:
+                return
+            try:
+                await kv.update(key, entry.with_stale().to_json(), last=e.revision)
+                return
+            except KeyWrongLastSequenceError:
+                continue
+
+    # ----- leases
+    async def try_lease(self, server_id: str, owner: str) -> bool:
+        kv = await self.b.get("leases")
+        value = json.dumps({"owner": owner, "at": time.time()}).encode()
+        try:
+            await kv.create(server_key(server_id), value)
+            return True
+        except KeyWrongLastSequenceError:
+            return False
+
+    async def release(self, server_id: str, owner: str) -> None:
+        kv = await self.b.get("leases")
+        key = server_key(server_id)
+        try:
+            e = await kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return
+        if e.value and json.loads(e.value).get("owner") == owner:
+            try:
+                await kv.delete(key, last=e.revision)
+            except Exception as exc:  # noqa: BLE001 - the TTL frees it anyway
+                log.warning("lease-release-failed", server=server_id, error=str(exc)[:200])
+
+    async def leased(self, server_id: str) -> bool:
+        kv = await self.b.get("leases")
+        try:
+            e = await kv.get(server_key(server_id))
+        except (KeyNotFoundError, NotFoundError):
+            return False
+        return bool(e.value)
+
+
+class KvTurnStore:
+    def __init__(self, buckets: KvBuckets) -> None:
+        self.b = buckets
+
+    async def get(self, turn_id: str) -> dict[str, Any] | None:
+        kv = await self.b.get("turns")
+        try:
+            e = await kv.get(turn_key(turn_id))
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return json.loads(e.value) if e.value else None
+
+    async def update(self, turn_id: str, fn: Callable[[dict[str, Any] | None], dict[str, Any] | None]) -> \
+            dict[str, Any] | None:
+        """Read-modify-write with compare-and-set on the revision (concurrent tool calls of one step)."""
+        kv = await self.b.get("turns")
+        key = turn_key(turn_id)
+        for _ in range(CAS_RETRIES):
+            try:
+                e = await kv.get(key)
+                current, rev = (json.loads(e.value) if e.value else None), e.revision
+            except (KeyNotFoundError, NotFoundError):
+                current, rev = None, 0
+            new = fn(current)
+            if new is None or new == current:
+                return current
+            body = json.dumps(new, ensure_ascii=False, separators=(",", ":")).encode()
+            try:
+                if rev:
+                    await kv.update(key, body, last=rev)
+                else:
+                    await kv.create(key, body)
+                return new
+            except KeyWrongLastSequenceError:
+                continue
+        raise RuntimeError(f"turn state {turn_id!r}: too much contention")
 
 
 class InMemoryToolCache:
+    """The KV cache's interface in memory (unit tests, one process)."""
+
     def __init__(self) -> None:
         self._entries: dict[str, CacheEntry] = {}
-        self._by_id: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._leases: dict[str, str] = {}
 
     async def get(self, server_id: str) -> CacheEntry | None:
         return self._entries.get(server_id)
@@ -23,25 +197,44 @@ class InMemoryToolCache:
     async def get_many(self, server_ids: list[str]) -> dict[str, CacheEntry | None]:
         return {sid: self._entries.get(sid) for sid in server_ids}
 
-    async def put(self, server_id: str, entry: CacheEntry) -> bool:
-        """Store ``entry``; True when the server's tool list really changed (only then is a change signalled)."""
-        previous = self._entries.get(server_id)
+    async def put(self, server_id: str, entry: CacheEntry) -> None:
         self._entries[server_id] = entry
-        for tid in [t for t, (sid, _) in self._by_id.items() if sid == server_id]:
-            del self._by_id[tid]
-        for tool in entry.tools:
-            self._by_id[tool["id"]] = (server_id, dict(tool))
-        return changed(previous, entry)
 
-    async def find(self, tool_id: str) -> tuple[str, dict[str, Any]] | None:
-        """(server id, tool) for a tool id of a server whose list is currently served."""
-        hit = self._by_id.get(tool_id)
-        if hit is None:
-            return None
-        entry = self._entries.get(hit[0])
-        return hit if entry is not None and entry.status == Status.READY else None
+    async def delete(self, server_id: str) -> None:
+        self._entries.pop(server_id, None)
 
     async def mark_stale(self, server_id: str) -> None:
-        entry = self._entries.get(server_id)
-        if entry is not None and not entry.stale:
-            self._entries[server_id] = replace(entry, stale=True)
+        e = self._entries.get(server_id)
+        if e is not None:
+            self._entries[server_id] = e.with_stale()
+
+    async def try_lease(self, server_id: str, owner: str) -> bool:
+        if server_id in self._leases:
+            return False
+        self._leases[server_id] = owner
+        return True
+
+    async def release(self, server_id: str, owner: str) -> None:
+        if self._leases.get(server_id) == owner:
+            del self._leases[server_id]
+
+    async def leased(self, server_id: str) -> bool:
+        return server_id in self._leases
+
+
+class InMemoryTurnStore:
+    def __init__(self) -> None:
+        self._turns: dict[str, dict[str, Any]] = {}
+
+    async def get(self, turn_id: str) -> dict[str, Any] | None:
+        t = self._turns.get(turn_id)
+        return json.loads(json.dumps(t)) if t is not None else None
+
+    async def update(self, turn_id: str, fn: Callable[[dict[str, Any] | None], dict[str, Any] | None]) -> \
+            dict[str, Any] | None:
+        current = await self.get(turn_id)
+        new = fn(current)
+        if new is not None:
+            self._turns[turn_id] = json.loads(json.dumps(new))
+            return new
+        return current

@@ -10,12 +10,17 @@ MAX_ERROR_CHARS = 20_000
 
 
 def content_output(blocks: Sequence[Mapping[str, Any]], structured: Any = None) -> dict[str, Any]:
-    """A successful call: the MCP content blocks as they came. A result that only has structured content
-    gets one text block with its compact JSON (the spec asks servers to send both; some don't)."""
+    """A successful call: the MCP content blocks as they came (text, image, audio, resource, resource_link —
+    every field kept, for the codec). Structured content rides along intact in ``metadata.structuredContent``;
+    a result that only has structured content also gets one text block with its compact JSON (the MCP spec
+    asks servers to send both; some don't)."""
     value = [dict(b) for b in blocks]
     if not value and structured is not None:
         value = [{"type": "text", "text": json.dumps(structured, ensure_ascii=False, separators=(",", ":"))}]
-    return {"type": "content", "value": value}
+    out: dict[str, Any] = {"type": "content", "value": value}
+    if structured is not None:
+        out["metadata"] = {"structuredContent": structured}
+    return out
 
 
 def error_text(message: str) -> dict[str, Any]:

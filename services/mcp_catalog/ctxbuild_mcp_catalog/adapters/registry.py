@@ -1,0 +1,259 @@
+"""The server registry in Postgres (schema ``mcp_catalog``): migrations (yoyo, at start-up), seeding from
+``CTX_MCP_SERVERS``, CRUD, and the last announced tool-list fingerprint.
+
+Seeding: an env server is written when it is new or when its env entry changed since it was last applied
+(``seed_hash``), so an API edit survives restarts until the deployment changes that entry; an env-sourced row
+whose id left ``CTX_MCP_SERVERS`` is removed. Replicas seed under one advisory lock.
+
+If Postgres is unreachable after start-up, the last registry read is served (a resolve keeps working); writes
+fail with ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+import psycopg
+import structlog
+from ctxbuild_platform.errors import DependencyUnavailable
+from yoyo import get_backend, read_migrations
+
+from ..settings import McpServerConfig
+
+SCHEMA = "mcp_catalog"
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_LOCK_KEY = 0x6D63705F63617431  # "mcp_cat1"
+log = structlog.get_logger("mcp_registry")
+
+
+def yoyo_url(database_url: str, schema: str = SCHEMA) -> str:
+    parts = urlsplit(database_url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "schema"] + [("schema", schema)]
+    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), parts.fragment))
+
+
+def plain_url(database_url: str) -> str:
+    parts = urlsplit(database_url)
+    return urlunsplit(("postgresql", *parts[1:]))
+
+
+def apply_migrations_sync(database_url: str, connect_timeout: float = 10.0) -> list[str]:
+    with psycopg.connect(plain_url(database_url), autocommit=True,
+                         connect_timeout=max(1, int(connect_timeout))) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+            backend = get_backend(yoyo_url(database_url))
+            try:
+                todo = backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))
+                backend.apply_migrations(todo)
+                return [m.id for m in todo]
+            finally:
+                backend.connection.close()
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+
+
+async def apply_migrations(database_url: str, connect_timeout: float = 10.0) -> list[str]:
+    try:
+        return await asyncio.to_thread(apply_migrations_sync, database_url, connect_timeout)
+    except psycopg.OperationalError as exc:
+        raise DependencyUnavailable(f"postgres: cannot migrate: {exc}") from exc
+
+
+def seed_hash(cfg: McpServerConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    config: McpServerConfig
+    source: str
+    revision: int
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    tools_fingerprint: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        out = {**self.config.public(), "source": self.source, "revision": self.revision}
+        if self.updated_at is not None:
+            out["updatedAt"] = self.updated_at.isoformat()
+        return out
+
+
+_COLUMNS = "config::text AS config, source, revision, created_at, updated_at, tools_fingerprint"
+
+
+def _record(row: Any) -> ServerRecord:
+    return ServerRecord(McpServerConfig.model_validate(json.loads(row["config"])), row["source"], row["revision"],
+                        row["created_at"], row["updated_at"], row["tools_fingerprint"])
+
+
+class Registry:
+    def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 5, timeout: float = 10.0) -> None:
+        self.url = plain_url(database_url)
+        self.min_size, self.max_size, self.timeout = min_size, max_size, timeout
+        self._pool: asyncpg.Pool | None = None
+        self._snapshot: list[ServerRecord] | None = None
+
+    async def connect(self) -> None:
+        self._pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size,
+                                               timeout=self.timeout, command_timeout=self.timeout)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise DependencyUnavailable("postgres: registry not connected")
+        return self._pool
+
+    async def ping(self) -> bool:
+        try:
+            async with self.pool.acquire(timeout=2) as conn:
+                return await conn.fetchval("SELECT 1") == 1
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def seed(self, servers: list[McpServerConfig]) -> dict[str, list[str]]:
+        """Apply CTX_MCP_SERVERS (see the module doc). Returns what changed, for the log."""
+        done: dict[str, list[str]] = {"inserted": [], "updated": [], "removed": []}
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            rows = {r["id"]: r for r in await conn.fetch(
+                f"SELECT id, source, seed_hash FROM {SCHEMA}.servers")}
+            for cfg in servers:
+                h = seed_hash(cfg)
+                row = rows.get(cfg.id)
+                if row is None:
+                    await conn.execute(
+                        f"INSERT INTO {SCHEMA}.servers (id, config, source, seed_hash) VALUES ($1, $2::jsonb, "
+                        "'env', $3)", cfg.id, cfg.model_dump_json(), h)
+                    done["inserted"].append(cfg.id)
+                elif row["seed_hash"] != h:
+                    await conn.execute(
+                        f"UPDATE {SCHEMA}.servers SET config = $2::jsonb, source = 'env', seed_hash = $3, "
+                        "revision = revision + 1, updated_at = now() WHERE id = $1", cfg.id, cfg.model_dump_json(), h)
+                    done["updated"].append(cfg.id)
+            keep = [c.id for c in servers]
+            removed = await conn.fetch(
+                f"DELETE FROM {SCHEMA}.servers WHERE source = 'env' AND NOT (id = ANY($1::text[])) RETURNING id",
+                keep)
+            done["removed"] = [r["id"] for r in removed]
+        return done
+
+    async def list(self) -> list[ServerRecord]:
+        try:
+            async with self.pool.acquire(timeout=self.timeout) as conn:
+                rows = await conn.fetch(f"SELECT {_COLUMNS} FROM {SCHEMA}.servers ORDER BY seq")
+        except (OSError, asyncpg.PostgresError, TimeoutError, DependencyUnavailable) as exc:
+            if self._snapshot is not None:
+                log.warning("registry-unavailable-serving-snapshot", error=str(exc)[:200])
+                return list(self._snapshot)
+            raise DependencyUnavailable(f"postgres: registry unavailable: {exc}") from exc
+        records = [_record(r) for r in rows]
+        self._snapshot = records
+        return records
+
+    async def get(self, server_id: str) -> ServerRecord | None:
+        for r in await self.list():
+            if r.config.id == server_id:
+                return r
+        return None
+
+    async def upsert(self, cfg: McpServerConfig) -> tuple[ServerRecord, bool, ServerRecord | None]:
+        """(record, created, previous)."""
+        try:
+            async with self.pool.acquire(timeout=self.timeout) as conn, conn.transaction():
+                prev = await conn.fetchrow(f"SELECT {_COLUMNS} FROM {SCHEMA}.servers WHERE id = $1 FOR UPDATE",
+                                           cfg.id)
+                if prev is None:
+                    row = await conn.fetchrow(
+                        f"INSERT INTO {SCHEMA}.servers (id, config, source) VALUES ($1, $2::jsonb, 'api') "
+                        f"RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
+                else:
+                    row = await conn.fetchrow(
+                        f"UPDATE {SCHEMA}.servers SET config = $2::jsonb, source = 'api', revision = revision + 1, "
+                        f"updated_at = now() WHERE id = $1 RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            raise DependencyUnavailable(f"postgres: cannot write the registry: {exc}") from exc
+        return _record(row), prev is None, (_record(prev) if prev is not None else None)
+
+    async def remove(self, server_id: str) -> ServerRecord | None:
+        try:
+            async with self.pool.acquire(timeout=self.timeout) as conn:
+                row = await conn.fetchrow(f"DELETE FROM {SCHEMA}.servers WHERE id = $1 RETURNING {_COLUMNS}",
+                                          server_id)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            raise DependencyUnavailable(f"postgres: cannot write the registry: {exc}") from exc
+        return _record(row) if row is not None else None
+
+    async def announce(self, server_id: str, fingerprint: str | None) -> tuple[bool, str | None]:
+        """Record ``fingerprint`` as the server's announced tool list. (True, previous) only when it differs
+        from what was announced before: the one caller that gets True publishes the change."""
+        try:
+            async with self.pool.acquire(timeout=self.timeout) as conn, conn.transaction():
+                prev = await conn.fetchrow(
+                    f"SELECT tools_fingerprint FROM {SCHEMA}.servers WHERE id = $1 FOR UPDATE", server_id)
+                if prev is None or prev["tools_fingerprint"] == fingerprint:
+                    return False, prev["tools_fingerprint"] if prev else None
+                await conn.execute(f"UPDATE {SCHEMA}.servers SET tools_fingerprint = $2 WHERE id = $1",
+                                   server_id, fingerprint)
+                return True, prev["tools_fingerprint"]
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            log.warning("announce-failed", server=server_id, error=str(exc)[:200])
+            return False, None
+
+
+class MemoryRegistry:
+    """The same interface in memory (unit tests)."""
+
+    def __init__(self, servers: list[McpServerConfig] | None = None) -> None:
+        self._rows: dict[str, ServerRecord] = {}
+        self._fps: dict[str, str | None] = {}
+        for s in servers or []:
+            self._rows[s.id] = ServerRecord(s, "env", 1)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def seed(self, servers: list[McpServerConfig]) -> dict[str, list[str]]:
+        for s in servers:
+            self._rows.setdefault(s.id, ServerRecord(s, "env", 1))
+        return {"inserted": [], "updated": [], "removed": []}
+
+    async def list(self) -> list[ServerRecord]:
+        return list(self._rows.values())
+
+    async def get(self, server_id: str) -> ServerRecord | None:
+        return self._rows.get(server_id)
+
+    async def upsert(self, cfg: McpServerConfig) -> tuple[ServerRecord, bool, ServerRecord | None]:
+        prev = self._rows.get(cfg.id)
+        rec = ServerRecord(cfg, "api", (prev.revision + 1) if prev else 1)
+        self._rows[cfg.id] = rec
+        return rec, prev is None, prev
+
+    async def remove(self, server_id: str) -> ServerRecord | None:
+        self._fps.pop(server_id, None)
+        return self._rows.pop(server_id, None)
+
+    async def announce(self, server_id: str, fingerprint: str | None) -> tuple[bool, str | None]:
+        if server_id not in self._rows:
+            return False, None
+        prev = self._fps.get(server_id)
+        if prev == fingerprint:
+            return False, prev
+        self._fps[server_id] = fingerprint
+        return True, prev
