@@ -89,3 +89,22 @@ async def test_blobstore_down_falls_back_to_inline(services, rpc, stack, start_s
     assert part["offload"] == {"mode": "inline", "totalChars": len(text), "totalLines": 1000, "threshold": 4_800}
     assert reply["trimmed"] == [{"toolCallId": "call-1", "mode": "inline", "totalChars": len(text),
                                  "totalLines": 1000}]
+
+
+async def test_web_results_offloaded_per_entity_and_each_readable(services, rpc):
+    conversation_id, turn_id = f"conv-{uuid.uuid4()}", f"turn-{uuid.uuid4()}"
+    results = [{"id": "Qm7dLx2a-1", "title": "Long page", "url": "https://a.example/long", "content": BIG},
+               {"id": "Qm7dLx2a-2", "title": "Short page", "url": "https://b.example/short", "content": "short"},
+               {"id": "Qm7dLx2a-3", "title": "Other long page", "url": "https://c.example/x", "content": BIG[::-1]}]
+    req = {"conversationId": conversation_id, "turnId": turn_id,
+           "settings": {"truncateThreshold": 100_000, "contextWindow": 16_000, "reservation": None},
+           "parts": [{"type": "tool-result", "toolCallId": "call-1", "toolName": "web_search",
+                      "output": {"type": "json", "value": results}}]}
+    reply = await rpc.call("ctx.truncate.step", req)
+    out = reply["parts"][0]["output"]
+    assert out["type"] == "json"
+    assert [(r["id"], r["url"], r["title"]) for r in out["value"]] == [(r["id"], r["url"], r["title"]) for r in results]
+    assert [r["content"] for r in out["value"]] == [marker(BIG), "short", marker(BIG[::-1])]
+    assert [t["uri"] for t in reply["trimmed"]] == [vfs_uri(sha256_hex(BIG)), vfs_uri(sha256_hex(BIG[::-1]))]
+    assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG))) == BIG
+    assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG[::-1]))) == BIG[::-1]

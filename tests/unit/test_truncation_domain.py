@@ -1,18 +1,10 @@
-"""In-flight lane, opaque skeleton (SPEC §3, §5): policy, text extraction, marker bytes, typed provenance."""
+"""In-flight lane, one step (SPEC §5): the service maps a step's parts over ctxbuild_codec's plan/apply, puts each
+distinct text once, and shapes the reply. (Policies, codecs and markers are pinned in tests/unit/test_codec_*.)"""
 
 from __future__ import annotations
 
-import json
-
 from ctxbuild_codec import inline_truncate, marker, sha256_hex, vfs_uri
-from ctxbuild_truncation.domain import (
-    PutResult,
-    apply_step,
-    extract_text,
-    plan_step,
-    policy_for,
-    tool_name_of,
-)
+from ctxbuild_truncation.domain import PutResult, apply_step, plan_step, written_from
 
 THRESHOLD = 2_000
 LINES = "".join(f"line {i:04d}\n" for i in range(1, 301))  # 3,000 chars, 301 pieces (trailing empty)
@@ -33,66 +25,38 @@ def stored(text):
 
 
 def run(parts, puts_ok=True, threshold=THRESHOLD):
-    jobs = plan_step(parts, threshold)
-    puts = {j.index: (stored(j.text) if puts_ok else None) for j in jobs}
-    return jobs, apply_step(parts, threshold, jobs, puts)
-
-
-# ---------- policy ----------
-
-def test_policy_is_looked_up_by_effective_tool_name():
-    assert policy_for({"toolName": "fs_read"}).truncatable is False
-    assert policy_for({"toolName": "web_fetch"}).truncatable is True
-    # tool_invoke running fs_read: the inner tool decides
-    inner = {"toolName": "tool_invoke", "effectiveToolName": "fs_read"}
-    assert tool_name_of(inner) == "fs_read" and policy_for(inner).truncatable is False
-    # the outer name never shields a truncatable inner tool
-    outer = {"toolName": "fs_read", "effectiveToolName": "mcp__srv__dump"}
-    assert policy_for(outer).truncatable is True
+    plan = plan_step(parts, threshold)
+    blobs = plan.blobs
+    written = written_from(blobs, [stored(b.text) if puts_ok else None for b in blobs])
+    return plan, apply_step(parts, plan, written)
 
 
 def test_fs_read_untouched_however_large():
     part = result({"type": "text", "value": LINES * 10}, name="fs_read")
-    jobs, res = run([part])
-    assert jobs == [] and res.parts == [part] and res.trimmed == []
+    plan, res = run([part])
+    assert plan.blobs == [] and res.parts == [part] and res.trimmed == []
     via_invoke = result({"type": "text", "value": LINES * 10}, name="tool_invoke", effective="fs_read")
-    assert plan_step([via_invoke], THRESHOLD) == []
+    assert plan_step([via_invoke], THRESHOLD).plans == [None]
 
 
 def test_already_offloaded_and_persisted_untouched():
     offloaded = result({"type": "text", "value": LINES * 3},
                        offload={"mode": "inline", "totalChars": 9000, "totalLines": 901})
     persisted = result({"type": "persisted", "value": {"vfsFilename": "vfs_0123456789abcdef.txt"}})
-    jobs, res = run([offloaded, persisted])
-    assert jobs == [] and res.parts == [offloaded, persisted]
-
-
-# ---------- text extraction ----------
-
-def test_extract_text_per_output_type():
-    assert extract_text({"type": "text", "value": "a\nb"}) == "a\nb"
-    assert extract_text({"type": "error-text", "value": "boom"}) == "boom"
-    assert extract_text({"type": "json", "value": {"k": "é", "n": [1, 2]}}) == '{"k":"é","n":[1,2]}'
-    assert extract_text({"type": "error-json", "value": ["x"]}) == '["x"]'
-    content = {"type": "content", "value": [
-        {"type": "text", "text": "first"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"},
-        {"type": "text", "text": ""}, {"type": "text", "text": "second"}]}
-    assert extract_text(content) == "first\nsecond"
-    assert extract_text({"type": "persisted", "value": {}}) is None
+    plan, res = run([offloaded, persisted])
+    assert plan.blobs == [] and res.parts == [offloaded, persisted]
 
 
 def test_small_outputs_untouched():
     part = result({"type": "text", "value": "x" * THRESHOLD})  # len == threshold: nothing trimmed
-    jobs, res = run([part])
-    assert jobs == [] and res.parts == [part]
+    plan, res = run([part])
+    assert plan.blobs == [] and res.parts == [part]
 
-
-# ---------- marker bytes ----------
 
 def test_marker_output_literal_small_threshold():
-    part = result({"type": "text", "value": LINES})
-    jobs, res = run([part])
-    assert [j.index for j in jobs] == [0] and jobs[0].text == LINES
+    part = result({"type": "text", "value": LINES}, name="mcp__shell__run_0123")
+    plan, res = run([part])
+    assert [(b.sha256, b.text) for b in plan.blobs] == [(sha256_hex(LINES), LINES)]
     expected = (
         HEAD
         + "\n\n<persisted-output>\n"
@@ -112,18 +76,24 @@ def test_marker_output_literal_small_threshold():
                             "uri": "context://vfs/vfs_da8ec8a5d8b75edc.txt", "totalChars": 3000, "totalLines": 301}]
 
 
-def test_same_text_renders_same_bytes():
-    _, a = run([result({"type": "text", "value": LINES})])
-    _, b = run([result({"type": "text", "value": LINES}, call_id="other")])
-    assert a.parts[0]["output"] == b.parts[0]["output"]
+def test_same_text_renders_same_bytes_and_is_one_blob():
+    parts = [result({"type": "text", "value": LINES}), result({"type": "text", "value": LINES}, call_id="other")]
+    plan, res = run(parts)
+    assert len(plan.blobs) == 1
+    assert res.parts[0]["output"] == res.parts[1]["output"]
 
 
-def test_json_output_trimmed_as_compact_json_text():
-    value = [{"id": i, "body": "é" * 40} for i in range(100)]
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    _, res = run([result({"type": "json", "value": value}, name="mcp__db__query_0123")])
-    assert res.parts[0]["output"] == {"type": "text", "value": marker(text)}
-    assert res.parts[0]["offload"]["totalChars"] == len(text)
+def test_web_results_trimmed_per_entity_with_one_reply_record_per_blob():
+    value = [{"id": "Xa8d0kLm-1", "title": "A", "url": "https://a.example/", "content": LINES},
+             {"id": "Xa8d0kLm-2", "title": "B", "url": "https://b.example/", "content": "short"},
+             {"id": "Xa8d0kLm-3", "title": "C", "url": "https://c.example/", "content": LINES + "more"}]
+    _, res = run([result({"type": "json", "value": value}, name="web_search")])
+    out = res.parts[0]["output"]
+    assert out["type"] == "json"
+    assert [(r["id"], r["title"], r["url"]) for r in out["value"]] == [(r["id"], r["title"], r["url"]) for r in value]
+    assert out["value"][0]["content"] == marker(LINES) and out["value"][1]["content"] == "short"
+    assert [(t["toolCallId"], t["mode"], t["uri"]) for t in res.trimmed] == [
+        ("call-1", "offloaded", vfs_uri(sha256_hex(LINES))), ("call-1", "offloaded", vfs_uri(sha256_hex(LINES + "more")))]
 
 
 def test_error_outputs_keep_their_error_flag():
@@ -149,8 +119,6 @@ def test_fake_provenance_text_is_still_trimmed():
     assert res.parts[0]["offload"]["mode"] == "offloaded"
 
 
-# ---------- store failures ----------
-
 def test_failed_put_falls_back_to_inline():
     part = result({"type": "text", "value": LINES})
     _, res = run([part], puts_ok=False)
@@ -162,9 +130,10 @@ def test_failed_put_falls_back_to_inline():
 
 def test_put_for_other_bytes_is_treated_as_failure():
     part = result({"type": "text", "value": LINES})
-    jobs = plan_step([part], THRESHOLD)
-    res = apply_step([part], THRESHOLD, jobs, {0: stored("something else")})
-    assert res.parts[0]["offload"]["mode"] == "inline"
+    plan = plan_step([part], THRESHOLD)
+    written = written_from(plan.blobs, [stored("something else")])
+    assert written == {sha256_hex(LINES): None}
+    assert apply_step([part], plan, written).parts[0]["offload"]["mode"] == "inline"
 
 
 def test_order_and_untouched_parts_preserved():

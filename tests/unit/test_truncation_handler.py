@@ -58,3 +58,19 @@ async def test_no_settings_uses_default_threshold():
     del req["settings"]
     reply = await truncate_step(req, MemoryBlobs())
     assert reply["threshold"] == 50_000 and reply["trimmed"] == []
+
+
+async def test_web_search_step_trims_per_entity_and_reply_is_contract_valid():
+    results = [{"id": f"Xa8d0kLm-{i}", "title": f"T{i}", "url": f"https://e.example/{i}", "content": BIG[: 9000 + i]}
+               for i in range(3)]
+    req = {"conversationId": "conv-1", "turnId": "turn-1", "settings": {"contextWindow": 16_000},
+           "parts": [{"type": "tool-result", "toolCallId": "c0", "toolName": "web_search",
+                      "output": {"type": "json", "value": results}}]}
+    contracts.validate("subjects/ctx.truncate.step.request.json", req)
+    blobs = MemoryBlobs()
+    reply = await truncate_step(req, blobs)
+    contracts.validate("subjects/ctx.truncate.step.reply.json", reply)
+    out = reply["parts"][0]["output"]
+    assert out["type"] == "json" and [r["url"] for r in out["value"]] == [r["url"] for r in results]
+    assert [r["content"] for r in out["value"]] == [marker(r["content"]) for r in results]
+    assert len(blobs.calls) == 3 and [t["mode"] for t in reply["trimmed"]] == ["offloaded"] * 3

@@ -9,7 +9,7 @@ DEFAULT_TRUNCATE_THRESHOLD = 50_000
 MIN_TRUNCATE_THRESHOLD = 2_000
 
 
-def usable_window(window: float | int | None) -> int | None:
+def usable_window(window: float | None) -> int | None:
     """A window counts only if finite and > 0; otherwise every window-derived budget is off."""
     if window is None:
         return None
@@ -22,7 +22,7 @@ def usable_window(window: float | int | None) -> int | None:
     return int(w)
 
 
-def input_room(window: float | int | None, reservation: int | None = None) -> int | None:
+def input_room(window: float | None, reservation: int | None = None) -> int | None:
     w = usable_window(window)
     if w is None:
         return None
@@ -38,14 +38,14 @@ class CompactionBudget:
     keep: int
 
 
-def compaction_budget(window: float | int | None, reservation: int | None = None) -> CompactionBudget | None:
+def compaction_budget(window: float | None, reservation: int | None = None) -> CompactionBudget | None:
     room = input_room(window, reservation)
     if room is None:
         return None
     return CompactionBudget(room, math.floor(0.8 * room), math.floor(0.3 * room))
 
 
-def inflight_threshold(configured: int | None, window: float | int | None, reservation: int | None = None) -> int:
+def inflight_threshold(configured: int | None, window: float | None, reservation: int | None = None) -> int:
     conf = max(MIN_TRUNCATE_THRESHOLD, configured if configured is not None else DEFAULT_TRUNCATE_THRESHOLD)
     room = input_room(window, reservation)
     if room is None:

@@ -7,7 +7,7 @@ Everything here is a pure function of its inputs, so the same text always render
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 HEAD_CHARS = 500
 TAIL_CHARS = 1000
@@ -30,7 +30,7 @@ def vfs_uri(sha256: str) -> str:
 
 def handle_prefix_from_uri(uri: str) -> str | None:
     """`context://vfs/vfs_<16 hex>.txt` or `vfs_<16 hex>.txt` → the 16-hex prefix; None if malformed."""
-    name = uri[len(VFS_SCHEME):] if uri.startswith(VFS_SCHEME) else uri
+    name = uri.removeprefix(VFS_SCHEME)
     if not (name.startswith("vfs_") and name.endswith(".txt")):
         return None
     prefix = name[4:-4]
@@ -43,16 +43,18 @@ def total_lines(text: str) -> int:
     return text.count("\n") + 1
 
 
-@dataclass(frozen=True, slots=True)
-class Excerpt:
+class Excerpt(NamedTuple):
     head: str
     tail: str
     total_lines: int
     total_chars: int
 
 
-def excerpt(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> Excerpt:
-    """Head snapped back to a line end, tail snapped forward to a line start (§3)."""
+def excerpt(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS, *, lines: int | None = None) -> Excerpt:
+    """Head snapped back to a line end, tail snapped forward to a line start (§3).
+
+    ``lines`` lets a caller that already counted the text's lines (e.g. on its UTF-8 bytes) pass the count.
+    """
     n = len(text)
     if head <= 0:
         h = ""
@@ -65,34 +67,44 @@ def excerpt(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> Excerp
         start = max(0, n - tail)
         nl = text.find("\n", start)
         t = text[nl + 1:] if nl >= 0 else text[start:]
-    return Excerpt(h, t, total_lines(text), n)
+    return Excerpt(h, t, total_lines(text) if lines is None else lines, n)
 
 
 def needs_trim(text: str, threshold: int, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> bool:
+    """In-flight rule (§3): trimmed only when longer than the threshold and than head + tail."""
     return len(text) > threshold and head + tail < len(text)
 
 
-def _descriptor(h: int, t: int) -> str:
-    if h and t:
-        return f"; first {h} chars shown above, last {t} chars shown below"
-    if h:
-        return f"; first {h} chars shown above, rest omitted"
-    if t:
-        return f"; preceding content omitted, last {t} chars shown below"
-    return "; preview omitted"
+def needs_persist_trim(text: str, threshold: int, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> bool:
+    """Persist rule (§2.3): longer than both the threshold and 1,500 chars (and than head + tail)."""
+    return needs_trim(text, max(threshold, PERSIST_MIN_CHARS), head, tail)
 
 
-def render_marker(head: str, tail: str, total_lines_: int, total_chars: int, uri: str) -> str:
-    """The offloaded marker from stored fields; the persist lane renders envelopes back through this."""
-    block = (
-        "\n<persisted-output>\n"
-        f"output truncated ({total_lines_} lines, {total_chars} chars total{_descriptor(len(head), len(tail))})\n"
-        f"Full output: {uri}\n"
-        "Read the full content with the fs_read tool (pass the URI above; page with offset/limit).\n"
-        "</persisted-output>\n"
-    )
-    pieces = [p for p in (head, block, tail) if p]
-    return "\n".join(pieces).strip()
+GONE_LINE = "Full output no longer available (the archived copy was deleted); only the excerpt remains.\n"
+_READ_HINT = "Read the full content with the fs_read tool (pass the URI above; page with offset/limit).\n"
+
+
+def render_marker(head: str, tail: str, total_lines_: int, total_chars: int, uri: str | None) -> str:
+    """The offloaded marker from stored fields; the persist lane renders envelopes back through this.
+
+    Pieces (head, block, tail; empty ones dropped) joined with ``\n``, the whole stripped (§3).
+    ``uri=None`` is a blob that is gone: the same marker without a readable URI (nothing to call fs_read on).
+    (Written out flat, without helpers: it runs once per trimmed field, thousands of times per web search.)
+    """
+    where = f"Full output: {uri}\n{_READ_HINT}" if uri is not None else GONE_LINE
+    if head:
+        if tail:
+            return (f"{head}\n\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars "
+                    f"total; first {len(head)} chars shown above, last {len(tail)} chars shown below)\n{where}"
+                    f"</persisted-output>\n\n{tail}").strip()
+        return (f"{head}\n\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars "
+                f"total; first {len(head)} chars shown above, rest omitted)\n{where}</persisted-output>\n").strip()
+    if tail:
+        return (f"\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars total; "
+                f"preceding content omitted, last {len(tail)} chars shown below)\n{where}</persisted-output>\n"
+                f"\n{tail}").strip()
+    return (f"\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars total; "
+            f"preview omitted)\n{where}</persisted-output>\n").strip()
 
 
 def marker(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> str:
@@ -106,3 +118,9 @@ def inline_truncate(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -
     t = text[len(text) - tail:] if tail > 0 else ""
     mid = f"\n--- truncated ({total_lines(text)} lines, {len(text)} chars total) ---\n"
     return "".join(p for p in (h, mid, t) if p).strip()
+
+
+def degraded_excerpt(head: str, tail: str) -> str:
+    """Read-back of a persisted text whose blob is gone (§7): the stored excerpt, said to be one."""
+    shown = len(head) + len(tail)
+    return f"{head}\n\n[persisted output no longer available — showing excerpt of {shown} chars]\n\n{tail}"

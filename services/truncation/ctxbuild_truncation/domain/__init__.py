@@ -1,7 +1,5 @@
-"""Pure logic of the in-flight lane: no I/O, unit-tested."""
+"""Pure logic of the in-flight lane: no I/O, unit-tested. The trimming itself is ctxbuild_codec's."""
 
-from .policy import ToolPolicy, policy_for, tool_name_of
-from .step import PutResult, StepResult, TrimJob, apply_step, extract_text, plan_step
+from .step import PutResult, StepPlan, StepResult, apply_step, plan_step, written_from
 
-__all__ = ["PutResult", "StepResult", "ToolPolicy", "TrimJob", "apply_step", "extract_text", "plan_step",
-           "policy_for", "tool_name_of"]
+__all__ = ["PutResult", "StepPlan", "StepResult", "apply_step", "plan_step", "written_from"]

@@ -1,47 +1,44 @@
-"""The opaque lane of one step (SPEC §3, §5), split so the handler does the only I/O in between:
+"""One step of the in-flight lane (SPEC §5), split so the handler does the only I/O in between:
 
-1. :func:`plan_step` — which parts need trimming and the full text of each (what to offload);
+1. :func:`plan_step` — per part, the codec library's plan (``ctxbuild_codec.plan_inflight``): what to trim and
+   the distinct full texts to offload;
 2. the handler puts each text into the blob store (role ``provisional``, owner = the turn);
-3. :func:`apply_step` — each planned part becomes the marker (stored) or the inline excerpt (store failed).
+3. :func:`apply_step` — each planned part trimmed by ``ctxbuild_codec.apply_inflight`` with what was written.
 
-Provenance is typed: a part is "already trimmed" only when it carries ``offload`` or a ``persisted`` output.
-Text that merely *looks* like a marker (``<persisted-output>``) is ordinary content and is trimmed like any other.
+Policies, codecs, text extraction and the trim primitive all live in ``ctxbuild_codec``; this module only maps
+a step's parts over them and shapes the reply.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxbuild_codec import excerpt, inline_truncate, needs_trim, render_marker, sha256_hex, total_lines
-
-from .policy import policy_for
-
-ERROR_TYPES = ("error-text", "error-json")
-
-
-@dataclass(frozen=True, slots=True)
-class TrimJob:
-    """A part to trim: its index in the step, its full text, whether its output was an error."""
-
-    index: int
-    tool_call_id: str
-    text: str
-    is_error: bool
-
-    @property
-    def sha256(self) -> str:
-        return sha256_hex(self.text)
+from ctxbuild_codec import BlobToWrite, TrimPlan, apply_inflight, plan_inflight, records
 
 
 @dataclass(frozen=True, slots=True)
 class PutResult:
-    """What the blob store acknowledged for a job's text."""
+    """What the blob store acknowledged for a text."""
 
     uri: str
     sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    threshold: int
+    plans: list[TrimPlan | None]  # one per part, None = untouched
+
+    @property
+    def blobs(self) -> list[BlobToWrite]:
+        """Distinct texts to put across the step (the same bytes twice → one blob, one reference)."""
+        seen: dict[str, BlobToWrite] = {}
+        for plan in self.plans:
+            for b in plan.blobs if plan is not None else ():
+                seen.setdefault(b.sha256, b)
+        return list(seen.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,82 +47,26 @@ class StepResult:
     trimmed: list[dict[str, Any]]
 
 
-def compact_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def plan_step(parts: Sequence[Mapping[str, Any]], threshold: int) -> StepPlan:
+    return StepPlan(threshold, [plan_inflight(p, threshold) for p in parts])
 
 
-def extract_text(output: Mapping[str, Any]) -> str | None:
-    """Opaque-lane text of a tool output; None when the output is not ours to trim (``persisted``, unknown)."""
-    kind = output.get("type")
-    value = output.get("value")
-    if kind in ("text", "error-text"):
-        return value if isinstance(value, str) else ""
-    if kind in ("json", "error-json"):
-        return compact_json(value)
-    if kind == "content":
-        texts = [b.get("text") for b in (value or []) if isinstance(b, Mapping) and b.get("type") == "text"]
-        return "\n".join(t for t in texts if isinstance(t, str) and t)
-    return None
+def written_from(blobs: Sequence[BlobToWrite], puts: Sequence[PutResult | None]) -> dict[str, str | None]:
+    """sha256 → acknowledged URI; a failed put, or one acknowledged for other bytes, is None."""
+    return {b.sha256: (p.uri if p is not None and p.sha256 == b.sha256 else None)
+            for b, p in zip(blobs, puts, strict=True)}
 
 
-def skip_reason(part: Mapping[str, Any]) -> str | None:
-    """Why a part is left untouched before looking at its size, or None if it is a candidate."""
-    if part.get("type") != "tool-result":
-        return "not-a-tool-result"
-    if not policy_for(part).truncatable:
-        return "not-truncatable"
-    if part.get("offload") is not None:
-        return "already-offloaded"
-    output = part.get("output") or {}
-    if output.get("type") == "persisted":
-        return "persisted"
-    return None
-
-
-def plan_step(parts: Sequence[Mapping[str, Any]], threshold: int) -> list[TrimJob]:
-    jobs: list[TrimJob] = []
-    for i, part in enumerate(parts):
-        if skip_reason(part) is not None:
-            continue
-        output = part.get("output") or {}
-        text = extract_text(output)
-        if text is None or not needs_trim(text, threshold):
-            continue
-        jobs.append(TrimJob(i, str(part.get("toolCallId", "")), text, output.get("type") in ERROR_TYPES))
-    return jobs
-
-
-def offloaded_output(job: TrimJob, put: PutResult) -> str:
-    """The marker with the URI the store acknowledged (== ``marker(text)`` for a well-behaved store)."""
-    ex = excerpt(job.text)
-    return render_marker(ex.head, ex.tail, ex.total_lines, ex.total_chars, put.uri)
-
-
-def apply_step(parts: Sequence[Mapping[str, Any]], threshold: int, jobs: Sequence[TrimJob],
-               puts: Mapping[int, PutResult | None]) -> StepResult:
-    """Replace each planned part's output. ``puts[index]`` is None (or missing) when the store failed.
-
-    A put whose sha256 does not match the text is treated as a failure: a marker must never point at other bytes.
-    """
-    out: list[dict[str, Any]] = [dict(p) for p in parts]
+def apply_step(parts: Sequence[Mapping[str, Any]], plan: StepPlan, written: Mapping[str, str | None]) -> StepResult:
+    out: list[dict[str, Any]] = []
     trimmed: list[dict[str, Any]] = []
-    for job in jobs:
-        put = puts.get(job.index)
-        if put is not None and put.sha256 != job.sha256:
-            put = None
-        n_chars, n_lines = len(job.text), total_lines(job.text)
-        kind = "error-text" if job.is_error else "text"
-        part = out[job.index]
-        if put is not None:
-            part["output"] = {"type": kind, "value": offloaded_output(job, put)}
-            part["offload"] = {"mode": "offloaded", "uri": put.uri, "sha256": put.sha256,
-                               "totalChars": n_chars, "totalLines": n_lines, "threshold": threshold}
-            trimmed.append({"toolCallId": job.tool_call_id, "mode": "offloaded", "uri": put.uri,
-                            "totalChars": n_chars, "totalLines": n_lines})
-        else:
-            part["output"] = {"type": kind, "value": inline_truncate(job.text)}
-            part["offload"] = {"mode": "inline", "totalChars": n_chars, "totalLines": n_lines,
-                               "threshold": threshold}
-            trimmed.append({"toolCallId": job.tool_call_id, "mode": "inline",
-                            "totalChars": n_chars, "totalLines": n_lines})
+    for part, p in zip(parts, plan.plans, strict=True):
+        if p is None:
+            out.append(dict(part))
+            continue
+        out.append(apply_inflight(part, p, written))
+        call_id = str(part.get("toolCallId", ""))
+        for r in records(p, written):
+            trimmed.append({"toolCallId": call_id, "mode": r.mode, **({"uri": r.uri} if r.uri else {}),
+                            "totalChars": r.total_chars, "totalLines": r.total_lines})
     return StepResult(out, trimmed)
