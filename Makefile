@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore check-schemas contracts check-contracts lint clean
+	bench-blobstore bench-eventstore bench-truncation bench-compaction check-schemas contracts check-contracts lint clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ test: sync check-contracts  ## unit, contract, integration and end-to-end tests 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore check-schemas  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction check-schemas  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -64,6 +64,12 @@ bench-blobstore: sync  ## blob store put/get vs raw S3; fs_read on a 100 MB blob
 
 bench-eventstore: sync  ## event append vs raw asyncpg INSERT; events/s; outbox lag
 	$(PY) bench/eventstore.py --out bench/results/eventstore.json
+
+bench-truncation: sync  ## truncation service round trip vs NATS + blob put floor; MB/s with 1 and 2 replicas
+	$(PY) bench/truncation.py --out bench/results/truncation.json
+
+bench-compaction: sync  ## seed scenario with memoisation on/off; served tokens per step; real trajectory
+	$(PY) bench/compaction.py --out bench/results/compaction.json
 
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
