@@ -38,8 +38,10 @@ def all_services(stack, start_service, fake_openai) -> str:
     return stack.env["CTX_ORCHESTRATION_HTTP"]
 
 
-@pytest_asyncio.fixture(scope="session")
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def tap(stack, all_services) -> AsyncIterator[Tap]:
+    """Module-scoped: a wildcard subscriber is interest on every subject, so while it lives a request to a
+    stopped service waits for its timeout instead of failing fast with no-responders."""
     nc = await nats.connect(stack.env["CTX_NATS_URL"], name="e2e-tap")
     t = Tap()
 

@@ -13,7 +13,7 @@ from ctxbuild_blobstore.domain import (
 )
 from ctxbuild_blobstore.domain.binary import decode_text
 from ctxbuild_blobstore.domain.fsread import Candidate, Resolved, suggested_limit
-from ctxbuild_blobstore.usecases import TextCache
+from ctxbuild_blobstore.usecases import ByteCache
 from ctxbuild_platform import contracts
 
 
@@ -219,14 +219,16 @@ def test_decode_text():
     assert decode_text(b"\xff\xfe") is None  # not UTF-8
 
 
-def test_text_cache_is_bounded_lru():
-    c = TextCache(max_bytes=400)
-    c.put("a", "A", 100)
-    c.put("b", "B", 100)
-    c.put("c", "C", 100)
-    assert c.get("a") == "A"  # a is now the most recent
-    c.put("d", "D", 100)
-    c.put("e", "E", 100)  # over 400: evicts the least recent (b)
-    assert c.get("b") is None and c.get("a") == "A" and c.get("e") == "E"
-    c.put("huge", "H", 101)  # > max/4: never cached
+def test_byte_cache_is_bounded_lru():
+    c = ByteCache(max_bytes=400)
+    c.put("a", b"A" * 100)
+    c.put("b", b"B" * 100)
+    c.put("c", b"C" * 100)
+    assert c.get("a") == b"A" * 100  # a is now the most recent
+    c.put("d", b"D" * 100)
+    c.put("e", b"E" * 100)  # over 400: evicts the least recent (b)
+    assert c.get("b") is None and c.get("a") == b"A" * 100 and c.get("e") == b"E" * 100
+    c.put("huge", b"H" * 101)  # > max/4: never cached
     assert c.get("huge") is None
+    c.discard("a")
+    assert c.get("a") is None

@@ -1,51 +1,103 @@
-"""The blob store's operations: each combines the pure domain with the two stores, in the order that keeps
-a crash harmless (object first, then metadata: the worst case is an unreferenced object, collected later)."""
+"""The blob store's operations: each combines the pure domain with the stores, in the order that keeps a crash
+harmless (object first, then metadata: the worst case is an unreferenced object, collected later).
+
+Every write runs under the blob's shared advisory lock (``Postgres.blob_lock``) from its existence check to its
+metadata commit, so the collector can never delete what a concurrent put is re-referencing. Reads stream: a page
+of a 100 MB blob is a ranged S3 read located by the blob's seek index, never the whole object in memory.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import codecs
+import hashlib
+import os
+import time
+import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
-from ctxbuild_codec.trim import handle_prefix_from_uri, sha256_hex, vfs_handle, vfs_uri
-from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_codec.trim import handle_prefix_from_uri, vfs_handle, vfs_uri
+from ctxbuild_platform.errors import DependencyUnavailable, InvalidPayload, NotFound, ServiceError
 from ctxbuild_platform.telemetry import span
 
-from .adapters.postgres import Postgres
-from .adapters.s3 import ObjectStore
-from .domain.binary import decode_text
-from .domain.fsread import Resolved, fs_read_error, fs_read_page, resolve_prefix
-from .domain.readfile import read_file_error, read_file_page
+from .adapters.postgres import Attachment, BlobInfo, NewBlob, Postgres, RefSpec
+from .adapters.s3 import ObjectGone, ObjectReader, ObjectStore
+from .adapters.transfer import Transfer
+from .domain.fsread import LinePager, Resolved, fs_read_error, resolve_prefix
+from .domain.keys import INBOX, object_key, temp_key
+from .domain.readfile import CharPager, read_file_error, read_file_range_error
+from .domain.textindex import DEFAULT_STRIDE, Indexer, Marks, TextIndex, index_bytes, origin_marks
+from .writer import ObjectWriter
 
 log = structlog.get_logger("blobstore")
 
 DEFAULT_MEDIA_TYPE = "text/plain"
+READ_PIECE = 256 * 1024  # bytes per S3 read while paging
 
 
-class TextCache:
-    """LRU of decoded blob texts by sha256. Content-addressed, so an entry can never be stale."""
+class AccessDenied(ServiceError):
+    code = "access-denied"
+
+
+class AmbiguousHandle(ServiceError):
+    code = "ambiguous-handle"
+
+
+class TooLarge(ServiceError):
+    code = "too-large"
+
+
+class DigestMismatch(ServiceError):
+    """The uploaded bytes are not the content the caller declared (sha256/size)."""
+
+    code = "digest-mismatch"
+
+
+class ByteCache:
+    """LRU of small objects' bytes by sha256. Content-addressed, so an entry can never be stale."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._items: OrderedDict[str, bytes] = OrderedDict()
         self._bytes = 0
 
-    def get(self, sha256: str) -> str | None:
+    def get(self, sha256: str) -> bytes | None:
         item = self._items.get(sha256)
-        if item is None:
-            return None
-        self._items.move_to_end(sha256)
-        return item[0]
+        if item is not None:
+            self._items.move_to_end(sha256)
+        return item
 
-    def put(self, sha256: str, text: str, size: int) -> None:
-        if size > self.max_bytes // 4 or sha256 in self._items:
+    def put(self, sha256: str, data: bytes) -> None:
+        if len(data) > self.max_bytes // 4 or sha256 in self._items:
             return  # one huge blob must not flush everything else
-        self._items[sha256] = (text, size)
-        self._bytes += size
+        self._items[sha256] = data
+        self._bytes += len(data)
         while self._bytes > self.max_bytes and self._items:
-            _, (_, s) = self._items.popitem(last=False)
-            self._bytes -= s
+            _, old = self._items.popitem(last=False)
+            self._bytes -= len(old)
+
+    def discard(self, sha256: str) -> None:
+        old = self._items.pop(sha256, None)
+        if old is not None:
+            self._bytes -= len(old)
+
+
+@dataclass(frozen=True)
+class Config:
+    read_cap: int = 50_000
+    max_read_bytes: int = 4 << 30
+    chunk_bytes: int = 512 * 1024
+    part_bytes: int = 8 << 20
+    upload_max_bytes: int = 2 << 30
+    max_uploads: int = 4
+    index_stride: int = DEFAULT_STRIDE
+    cache_object_max: int = 1 << 20
+    fault_exit_after_object_write: bool = False
+    result_max_bytes: int = 640 * 1024  # get_result replies inline: stay well under NATS max_payload
 
 
 def _encode(content: str) -> bytes:
@@ -55,52 +107,259 @@ def _encode(content: str) -> bytes:
         raise InvalidPayload(f"content is not valid Unicode text: {exc.reason} at {exc.start}") from exc
 
 
-@dataclass
+def _texts_ok(req: dict[str, Any]) -> None:
+    """Postgres text cannot hold NUL: an id or name with one is a malformed request (never a storage error)."""
+    stack: list[Any] = [req]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(x for k, x in v.items() if k != "content")
+        elif isinstance(v, str) and "\x00" in v:
+            raise InvalidPayload("identifiers and names must not contain NUL characters")
+
+
+def _ref(req: dict[str, Any]) -> RefSpec:
+    return RefSpec(req["owner"]["kind"], req["owner"]["id"], req["role"], req["conversationId"])
+
+
+def _identity(sha: str, size: int, created: bool) -> dict[str, Any]:
+    return {"sha256": sha, "uri": vfs_uri(sha), "handle": vfs_handle(sha), "size": size, "created": created}
+
+
 class BlobStore:
-    db: Postgres
-    s3: ObjectStore
-    read_cap: int = 50_000
-    max_read_bytes: int = 64 * 1024 * 1024
-    cache: TextCache | None = None
+    def __init__(self, db: Postgres, s3: ObjectStore, transfer: Transfer | None = None, *,
+                 config: Config | None = None, cache: ByteCache | None = None) -> None:
+        self.db = db
+        self.s3 = s3
+        self.transfer = transfer
+        self.cfg = config or Config()
+        self.cache = cache
+        self._marks: OrderedDict[str, tuple[Marks, Marks]] = OrderedDict()
+        self._upload_slots = asyncio.Semaphore(self.cfg.max_uploads)
+
+    # ======================================================================== writes
+    def _crash_point(self) -> None:
+        if self.cfg.fault_exit_after_object_write:
+            log.warning("fault-injection-exit", where="after-object-write")
+            os._exit(70)
+
+    async def _store_small(self, sha: str, data: bytes, media_type: str, ref: RefSpec,
+                           attachment: tuple[str, str] | None) -> tuple[bool, Attachment | None]:
+        async with self.db.blob_lock(sha) as blob:
+            if await blob.exists():
+                return await blob.record(None, ref, attachment)
+            index = index_bytes(data, self.cfg.index_stride)
+            await self.s3.put(object_key(sha), data)
+            self._crash_point()
+            return await blob.record(NewBlob(len(data), media_type, index), ref, attachment)
 
     async def put(self, req: dict[str, Any]) -> dict[str, Any]:
-        content = req["content"]
-        data = _encode(content)
-        sha = sha256_hex(content)
-        media_type = req.get("mediaType") or DEFAULT_MEDIA_TYPE
+        _texts_ok(req)
+        data = _encode(req["content"])
+        sha = hashlib.sha256(data).hexdigest()
         with span("blob.put", sha256=sha, size=len(data), role=req["role"]):
-            await self.s3.ensure_object(sha, data)
-            created = await self.db.record_put(
-                sha256=sha, size=len(data), chars=len(content), media_type=media_type,
-                owner_kind=req["owner"]["kind"], owner_id=req["owner"]["id"], role=req["role"],
-                conversation_id=req["conversationId"])
-        return {"sha256": sha, "uri": vfs_uri(sha), "handle": vfs_handle(sha), "size": len(data), "created": created}
+            created, _ = await self._store_small(sha, data, req.get("mediaType") or DEFAULT_MEDIA_TYPE, _ref(req),
+                                                 None)
+        return _identity(sha, len(data), created)
 
     async def attach(self, req: dict[str, Any]) -> dict[str, Any]:
-        content = req["content"]
-        data = _encode(content)
-        sha = sha256_hex(content)
+        _texts_ok(req)
+        data = _encode(req["content"])
+        sha = hashlib.sha256(data).hexdigest()
+        conv = req["conversationId"]
         with span("blob.attach", sha256=sha, size=len(data)):
-            await self.s3.ensure_object(sha, data)
-            att = await self.db.record_attachment(
-                conversation_id=req["conversationId"], display_name=req["displayName"], sha256=sha,
-                size=len(data), chars=len(content), media_type=req["mediaType"])
+            _, att = await self._store_small(sha, data, req["mediaType"],
+                                             RefSpec("conversation", conv, "attachment", conv),
+                                             (req["displayName"], req["mediaType"]))
+        assert att is not None
         return {"sha256": sha, "uri": vfs_uri(sha), "handle": att.handle, "displayName": att.display_name,
                 "size": att.size, "mediaType": att.media_type}
 
-    async def _text(self, sha256: str) -> str | None | bool:
-        """The blob's text; None when the object is gone; False when it is not text."""
-        if self.cache is not None and (hit := self.cache.get(sha256)) is not None:
+    async def ref(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Another reference to a blob the conversation can already read (e.g. provisional → tool_output)."""
+        _texts_ok(req)
+        sha, conv = req["sha256"], req["conversationId"]
+        async with self.db.blob_lock(sha) as blob:
+            if not await blob.exists():
+                raise NotFound(f"no blob {sha}")
+            if not await blob.referenced_by(conv):
+                raise AccessDenied(f"blob {sha} is not referenced by conversation {conv!r}")
+            await blob.record(None, _ref(req), None)
+        found = await self.db.blob(sha, conv)
+        return _identity(sha, found[0].size if found else 0, False)
+
+    async def release(self, req: dict[str, Any]) -> dict[str, Any]:
+        _texts_ok(req)
+        released = await self.db.release(req["owner"]["kind"], req["owner"]["id"], req.get("role"),
+                                         req.get("sha256"))
+        return {"released": len(released)}
+
+    async def upload(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Chunked put (claim check): the bytes are pulled from the caller's ``source`` inbox."""
+        if self.transfer is None:
+            raise DependencyUnavailable("no data channel configured")
+        _texts_ok(req)
+        conv = req["conversationId"]
+        if "attachment" in req:
+            media_type = req["attachment"].get("mediaType") or req.get("mediaType") or DEFAULT_MEDIA_TYPE
+            ref = RefSpec("conversation", conv, "attachment", conv)
+            attachment: tuple[str, str] | None = (req["attachment"]["displayName"], media_type)
+        else:
+            media_type = req.get("mediaType") or DEFAULT_MEDIA_TYPE
+            ref, attachment = _ref(req), None
+        declared_sha, declared_size = req.get("sha256"), req.get("size")
+        if declared_size is not None and declared_size > self.cfg.upload_max_bytes:
+            raise TooLarge(f"{declared_size} bytes is over the {self.cfg.upload_max_bytes}-byte blob limit")
+
+        if not INBOX.fullmatch(req["source"]):
+            raise InvalidPayload("source must be a NATS inbox of the caller (_INBOX.…)")
+        with span("blob.upload", conversation=conv, declared_sha256=declared_sha or "", role=ref.role):
+            if declared_sha is not None:
+                # the conversation already holds this content: only the reference is new, no byte travels
+                async with self.db.blob_lock(declared_sha) as blob:
+                    if await blob.referenced_by(conv):
+                        _, att = await blob.record(None, ref, attachment)
+                        found = await self.db.blob(declared_sha, conv)
+                        size = found[0].size if found else 0
+                        if declared_size is not None and declared_size != size:
+                            raise DigestMismatch(f"declared size {declared_size} != stored size {size}")
+                        return self._upload_reply(declared_sha, size, False, att, transferred=0)
+            try:
+                await asyncio.wait_for(self._upload_slots.acquire(), timeout=5.0)
+            except TimeoutError as exc:
+                raise DependencyUnavailable("too many uploads in progress on this instance") from exc
+            try:
+                return await self._upload(req["source"], conv, declared_sha, declared_size, media_type, ref,
+                                          attachment)
+            finally:
+                self._upload_slots.release()
+
+    async def _upload(self, source: str, conv: str, declared_sha: str | None, declared_size: int | None,
+                      media_type: str, ref: RefSpec, attachment: tuple[str, str] | None) -> dict[str, Any]:
+        assert self.transfer is not None
+        # content someone else already stored: the bytes still travel (they prove possession) but are not stored
+        verify_only = declared_sha is not None and bool(await self.db.known([declared_sha]))
+        key = object_key(declared_sha) if declared_sha else temp_key(uuid.uuid4().hex)
+        writer = ObjectWriter(self.s3, key, self.cfg.part_bytes, store=not verify_only)
+        hasher, indexer, size = hashlib.sha256(), Indexer(self.cfg.index_stride), 0
+        t0 = time.perf_counter()
+        try:
+            async for chunk in self.transfer.pull(source):
+                size += len(chunk)
+                if size > self.cfg.upload_max_bytes:
+                    raise TooLarge(f"upload is over the {self.cfg.upload_max_bytes}-byte blob limit")
+                hasher.update(chunk)
+                indexer.feed(chunk)
+                await writer.write(chunk)
+            sha = hasher.hexdigest()
+            if (declared_sha is not None and sha != declared_sha) or (declared_size is not None
+                                                                      and size != declared_size):
+                raise DigestMismatch(f"received {size} bytes with sha256 {sha}; declared "
+                                     f"{declared_size if declared_size is not None else '?'} bytes, sha256 "
+                                     f"{declared_sha or '?'}")
+            index = indexer.finish()
+            t1 = time.perf_counter()
+            async with self.db.blob_lock(sha) as blob:
+                t2 = time.perf_counter()
+                if await blob.exists():
+                    await writer.discard()
+                    t3 = time.perf_counter()
+                    created, att = await blob.record(None, ref, attachment)
+                else:
+                    if verify_only:
+                        raise ServiceError("the blob was collected during the upload; upload again",
+                                           code="conflict", retryable=True)
+                    await writer.commit(object_key(sha))
+                    t3 = time.perf_counter()
+                    self._crash_point()
+                    created, att = await blob.record(NewBlob(size, media_type, index), ref, attachment)
+                t4 = time.perf_counter()
+            log.debug("upload-timing", size=size, pull_ms=round((t1 - t0) * 1e3, 2),
+                      lock_ms=round((t2 - t1) * 1e3, 2), store_ms=round((t3 - t2) * 1e3, 2),
+                      record_ms=round((t4 - t3) * 1e3, 2), unlock_ms=round((time.perf_counter() - t4) * 1e3, 2))
+            return self._upload_reply(sha, size, created, att, transferred=size, index=index)
+        except BaseException:
+            await writer.discard()
+            raise
+
+    @staticmethod
+    def _upload_reply(sha: str, size: int, created: bool, att: Attachment | None, *, transferred: int,
+                      index: TextIndex | None = None) -> dict[str, Any]:
+        out = _identity(sha, size, created)
+        out["transferred"] = transferred
+        if index is not None:
+            out["isText"] = index.is_text
+            if index.is_text:
+                out["chars"], out["lines"] = index.chars, index.lines
+        if att is not None:
+            out["attachment"] = {"handle": att.handle, "displayName": att.display_name, "mediaType": att.media_type}
+        return out
+
+    # ======================================================================== reads
+    async def _whole(self, sha: str) -> bytes | None:
+        if self.cache is not None and (hit := self.cache.get(sha)) is not None:
             return hit
-        data = await self.s3.get(sha256)
-        if data is None:
+        data = await self.s3.get(sha)
+        if data is not None and self.cache is not None:
+            self.cache.put(sha, data)
+        return data
+
+    async def _bytes(self, info: BlobInfo, start: int, length: int, piece: int,
+                     stream: bool = False) -> AsyncIterator[bytes]:
+        """The blob's bytes ``[start, start+length)``; ObjectGone when the object is missing. Small objects are
+        read whole (and cached) unless ``stream`` asks to start yielding before the object is fully read."""
+        if length <= 0:
+            return
+        cached = self.cache.get(info.sha256) if self.cache is not None else None
+        if cached is not None or (info.size <= self.cfg.cache_object_max and not stream):
+            data = cached if cached is not None else await self._whole(info.sha256)
+            if data is None:
+                raise ObjectGone(object_key(info.sha256))
+            for i in range(start, start + length, piece):
+                yield data[i:min(i + piece, start + length)]
+            return
+        async for data in self.s3.stream(object_key(info.sha256), start, length, piece):
+            yield data
+
+    async def _text(self, info: BlobInfo, start: int, length: int) -> AsyncIterator[str]:
+        """Decoded text from byte ``start`` (a character boundary)."""
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        async for data in self._bytes(info, start, length, READ_PIECE):
+            text = dec.decode(data)
+            if text:
+                yield text
+        tail = dec.decode(b"", final=True)
+        if tail:
+            yield tail
+
+    async def _indexed(self, info: BlobInfo) -> BlobInfo | None:
+        """The blob with its text facts; rows from before the index are indexed now (one streamed pass).
+        None when the object is gone."""
+        if info.is_text is not None:
+            return info
+        indexer = Indexer(self.cfg.index_stride)
+        try:
+            async for data in self._bytes(info, 0, info.size, self.cfg.chunk_bytes):
+                indexer.feed(data)
+        except ObjectGone:
             return None
-        text = decode_text(data)
-        if text is None:
-            return False
-        if self.cache is not None:
-            self.cache.put(sha256, text, len(data))
-        return text
+        ix = indexer.finish()
+        await self.db.store_index(info.sha256, ix)
+        self._marks.pop(info.sha256, None)
+        return replace(info, chars=ix.chars, lines=ix.lines, is_text=ix.is_text)
+
+    async def _seek_marks(self, info: BlobInfo) -> tuple[Marks, Marks]:
+        if info.size <= self.cfg.index_stride:
+            return origin_marks(1), origin_marks(0)
+        hit = self._marks.get(info.sha256)
+        if hit is not None:
+            self._marks.move_to_end(info.sha256)
+            return hit
+        marks = await self.db.marks(info.sha256)
+        self._marks[info.sha256] = marks
+        while len(self._marks) > 64:
+            self._marks.popitem(last=False)
+        return marks
 
     async def fs_read(self, req: dict[str, Any]) -> dict[str, Any]:
         uri = req["uri"]
@@ -109,36 +368,204 @@ class BlobStore:
             shown = uri if len(uri) <= 200 else uri[:200] + "…"
             return fs_read_error("parse-error", f"not a stored-output URI: {shown!r} "
                                                 "(expected context://vfs/vfs_<16 hex>.txt)")
+        _texts_ok({"c": req["conversationId"]})
         with span("blob.fs_read", prefix=prefix, conversation=req["conversationId"], turn=req.get("turnId")):
-            resolved = resolve_prefix(prefix, await self.db.candidates(prefix, req["conversationId"]))
+            rows = await self.db.candidates(prefix, req["conversationId"])
+            resolved = resolve_prefix(prefix, [c for c, _ in rows])
             if not isinstance(resolved, Resolved):
                 log.info("fs_read-refused", prefix=prefix, code=resolved["code"],
                          conversation=req["conversationId"])
                 return resolved
-            if resolved.size > self.max_read_bytes:
-                return fs_read_error("too-large", f"vfs_{prefix}.txt is {resolved.size} bytes, over the "
-                                                  f"{self.max_read_bytes}-byte limit for fs_read")
-            text = await self._text(resolved.sha256)
-            if text is None:
-                return fs_read_error("not-found", f"vfs_{prefix}.txt is no longer available")
-            if text is False:
-                return fs_read_error("binary", f"vfs_{prefix}.txt is binary content, not text")
-            return fs_read_page(text, req.get("offset", 1), req.get("limit", 2000), self.read_cap)
+            info = next(i for c, i in rows if c.sha256 == resolved.sha256)
+            name = f"vfs_{prefix}.txt"
+            if info.size > self.cfg.max_read_bytes:
+                return fs_read_error("too-large", f"{name} is {info.size} bytes, over the "
+                                                  f"{self.cfg.max_read_bytes}-byte limit for fs_read")
+            indexed = await self._indexed(info)
+            if indexed is None:
+                return fs_read_error("not-found", f"{name} is no longer available")
+            if not indexed.is_text:
+                return fs_read_error("binary", f"{name} is binary content, not text")
+            offset, limit = req.get("offset", 1), req.get("limit", 2000)
+            total = indexed.lines or 0
+            pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=self.cfg.read_cap)
+            if pager.done:
+                return pager.result()
+            line_marks, _ = await self._seek_marks(indexed)
+            first_line, start = line_marks.floor(offset)
+            end = line_marks.ceil_offset(pager.last + 1)
+            end = indexed.size if end is None else end
+            pager = LinePager(first_line=first_line, offset=offset, limit=limit, total_lines=total,
+                              cap=self.cfg.read_cap)
+            try:
+                async for text in self._text(indexed, start, end - start):
+                    if pager.feed(text):
+                        break
+            except ObjectGone:
+                return fs_read_error("not-found", f"{name} is no longer available")
+            return pager.result(at_end=end == indexed.size)
 
     async def read_file(self, req: dict[str, Any]) -> dict[str, Any]:
         conversation, name = req["conversationId"], req["filename"]
+        _texts_ok({"c": conversation})
         with span("blob.read_file", conversation=conversation):
-            att = await self.db.attachment(conversation, name)
-            if att is None:
+            # a NUL can be in no handle (Postgres text cannot hold one): simply no such file
+            found = None if "\x00" in name else await self.db.attachment(conversation, name)
+            if found is None:
                 known = await self.db.attachment_handles(conversation)
                 hint = f"; attached files: {', '.join(known)}" if known else "; this conversation has no attachments"
                 return read_file_error("not-found", f"no attached file named {name!r}{hint}")
-            if att.size > self.max_read_bytes:
-                return read_file_error("too-large", f"{name} is {att.size} bytes, over the "
-                                                    f"{self.max_read_bytes}-byte limit for read_file")
-            text = await self._text(att.sha256)
-            if text is None:
+            _, info = found
+            if info.size > self.cfg.max_read_bytes:
+                return read_file_error("too-large", f"{name} is {info.size} bytes, over the "
+                                                    f"{self.cfg.max_read_bytes}-byte limit for read_file")
+            indexed = await self._indexed(info)
+            if indexed is None:
                 return read_file_error("not-found", f"{name} is no longer available")
-            if text is False:
+            if not indexed.is_text:
                 return read_file_error("binary", f"{name} is binary content, not text")
-            return read_file_page(text, req.get("offset", 0), req.get("limit", 8000))
+            offset, limit = req.get("offset", 0), req.get("limit", 8000)
+            total = indexed.chars or 0
+            err = read_file_range_error(offset, total)
+            if err is not None:
+                return err
+            _, char_marks = await self._seek_marks(indexed)
+            first_char, start = char_marks.floor(offset)
+            end = char_marks.ceil_offset(offset + limit)
+            end = indexed.size if end is None else end
+            pager = CharPager(first_char=first_char, offset=offset, limit=limit, total_chars=total)
+            if not pager.done:
+                try:
+                    async for text in self._text(indexed, start, end - start):
+                        if pager.feed(text):
+                            break
+                except ObjectGone:
+                    return read_file_error("not-found", f"{name} is no longer available")
+            return pager.result()
+
+    async def _readable(self, req: dict[str, Any]) -> BlobInfo:
+        """The blob a caller names by sha256 or URI, if its conversation may read it (typed errors if not)."""
+        _texts_ok(req)
+        conv = req["conversationId"]
+        if "sha256" in req:
+            found = await self.db.blob(req["sha256"], conv)
+            if found is None:
+                raise NotFound(f"no blob {req['sha256']}")
+            info, allowed = found
+            if not allowed:
+                raise AccessDenied(f"blob {req['sha256']} is not readable from this conversation")
+            return info
+        prefix = handle_prefix_from_uri(req["uri"])
+        if prefix is None:
+            raise InvalidPayload("uri is not a stored-output URI (context://vfs/vfs_<16 hex>.txt)")
+        rows = await self.db.candidates(prefix, conv)
+        resolved = resolve_prefix(prefix, [c for c, _ in rows])
+        if isinstance(resolved, Resolved):
+            return next(i for c, i in rows if c.sha256 == resolved.sha256)
+        code, message = resolved["code"], resolved["message"]
+        raise {"not-found": NotFound, "access-denied": AccessDenied}.get(code, AmbiguousHandle)(message)
+
+    async def get(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Stream a blob (or a byte range of it) to the caller's ``sink`` inbox."""
+        if self.transfer is None:
+            raise DependencyUnavailable("no data channel configured")
+        if not INBOX.fullmatch(req["sink"]):
+            raise InvalidPayload("sink must be a NATS inbox of the caller (_INBOX.…)")
+        start, want = req.get("offset", 0), req.get("length")
+        early: asyncio.Task | None = None
+        sha = req.get("sha256")
+        if sha and start == 0 and want != 0 and (self.cache is None or self.cache.get(sha) is None):
+            # start the S3 read while Postgres checks the allow-list; nothing is sent before the check passes
+            early = asyncio.ensure_future(self.s3.open(object_key(sha), 0, want))
+        try:
+            info = await self._readable(req)
+        except BaseException:
+            if early is not None:
+                early.add_done_callback(_close_reader)
+            raise
+        if start > info.size:
+            if early is not None:
+                early.add_done_callback(_close_reader)
+            raise InvalidPayload(f"offset {start} is past the end of the blob ({info.size} bytes)")
+        length = info.size - start if want is None else min(want, info.size - start)
+        piece = self.transfer.chunk_bytes
+        with span("blob.get", sha256=info.sha256, start=start, length=length):
+            if early is not None:
+                reader = await early
+                if reader is None:
+                    raise NotFound(f"blob {info.sha256} is no longer available")
+                chunks = _reader_chunks(reader, length, piece)
+            else:
+                chunks = self._bytes(info, start, length, piece, stream=True)
+            try:
+                try:
+                    first = await anext(chunks, None)
+                except ObjectGone as exc:  # before anything was sent: a clean not-found
+                    raise NotFound(f"blob {info.sha256} is no longer available") from exc
+
+                async def all_chunks() -> AsyncIterator[bytes]:
+                    if first is not None:
+                        yield first
+                        async for c in chunks:
+                            yield c
+
+                n = await self.transfer.push(req["sink"], all_chunks(), start)
+            except ObjectGone as exc:
+                raise NotFound(f"blob {info.sha256} is no longer available") from exc
+            finally:
+                await chunks.aclose()
+        return {"sha256": info.sha256, "size": info.size, "offset": start, "length": length, "chunks": n,
+                "mediaType": info.media_type}
+
+
+    # ------------------------------------------------------------------------ read-back for a UI (SPEC §7)
+    async def get_result(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A persisted envelope inflated from its blobs: the original tool output. A blob that is gone degrades
+        to its stored excerpt; one the conversation may not read is access-denied; a result too large for one
+        reply is ``too-large`` (the blob client then streams the blobs and inflates on its side)."""
+        from ctxbuild_codec import envelopes
+
+        _texts_ok({"c": req["conversationId"]})
+        envelope, conv = req["envelope"], req["conversationId"]
+        try:
+            refs = envelopes.blob_refs(envelope)
+        except envelopes.EnvelopeError as exc:
+            raise InvalidPayload(str(exc)[:300]) from exc
+        infos: dict[str, BlobInfo | None] = {}
+        for sha in dict.fromkeys(r["fileEntryId"] for r in refs):
+            found = await self.db.blob(sha, conv)
+            if found is not None and not found[1]:
+                raise AccessDenied(f"blob {sha} is not readable from this conversation")
+            infos[sha] = found[0] if found else None
+        total = sum(i.size for i in infos.values() if i is not None)
+        if total > self.cfg.result_max_bytes:
+            raise TooLarge(f"the inflated result needs {total} bytes of blobs, over the {self.cfg.result_max_bytes}-"
+                           "byte reply budget; stream the blobs with ctx.blob.get",
+                           details={"blobs": [{"sha256": s, "size": i.size} for s, i in infos.items() if i]})
+        texts: dict[str, str | None] = {}
+        for sha, info in infos.items():
+            texts[sha] = None
+            if info is None:
+                continue
+            try:
+                data = b"".join([c async for c in self._bytes(info, 0, info.size, self.cfg.chunk_bytes)])
+                texts[sha] = data.decode("utf-8")
+            except (ObjectGone, UnicodeDecodeError):
+                texts[sha] = None
+        output = envelopes.inflate(envelope, texts)
+        gone = [s for s, t in texts.items() if t is None]
+        return {"output": output, "gone": gone}
+
+
+async def _reader_chunks(reader: ObjectReader, length: int, piece: int) -> AsyncIterator[bytes]:
+    try:
+        async for data in reader.pieces(length, piece):
+            yield data
+    finally:
+        reader.close()
+
+
+def _close_reader(task: asyncio.Task) -> None:
+    """Drop a speculative read nobody will use (its response must not hold a pooled connection)."""
+    if not task.cancelled() and task.exception() is None and task.result() is not None:
+        task.result().close()

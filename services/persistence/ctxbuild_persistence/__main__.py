@@ -1,17 +1,33 @@
-"""Start-up: ``python -m ctxbuild_persistence`` (CTX_NATS_URL, CTX_DATABASE_URL, CTX_HTTP_PORT, …)."""
+"""Start-up and operator commands.
+
+``python -m ctxbuild_persistence``                       run the service (CTX_NATS_URL, CTX_DATABASE_URL, …)
+``python -m ctxbuild_persistence migrate``               apply pending yoyo migrations and exit
+``python -m ctxbuild_persistence rebuild-projections``   rebuild the conversation projection from the events
+    ``--verify``  dry run: rebuild inside a transaction, compare with the live rows, roll back; exit 1 on a
+                  difference
+The commands read CTX_DATABASE_URL (or ``--database-url``) and print a JSON report.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
+import sys
 
 import structlog
+from ctxbuild_blobclient import BlobClient
+from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.asgi import AsgiFastStream
 
 from .adapters.db import Database, migrate, wait_for_postgres
 from .adapters.event_store import EventStore
 from .adapters.outbox import OutboxRelay
-from .handlers import register
+from .adapters.projection import Projector, rebuild
+from .handlers import register, to_new_events
+from .persist_lane import LaneBlobs, PersistLane
 from .settings import Settings
 
 
@@ -24,7 +40,20 @@ def build(settings: Settings) -> AsgiFastStream:
         subject_prefix=settings.events_subject_prefix, duplicate_window_s=settings.events_duplicate_window_s,
         poll_interval_s=settings.relay_poll_interval_s, batch_size=settings.relay_batch_size,
         publish_timeout_s=settings.relay_publish_timeout_s, max_backoff_s=settings.relay_max_backoff_s)
-    register(broker, settings, EventStore(db), relay.wake)
+    projector = Projector(db, batch_size=settings.projector_batch_size, batch_bytes=settings.projector_batch_bytes,
+                          poll_interval_s=settings.projector_poll_interval_s)
+
+    def on_appended() -> None:
+        relay.wake()
+        projector.wake()
+
+    store = EventStore(db)
+    blobs = LaneBlobs(BlobClient(RpcClient(broker, default_timeout=settings.request_timeout_s),
+                                 timeout_s=settings.lane_blob_timeout_s),
+                      concurrency=settings.lane_blob_concurrency)
+    lane = PersistLane(store, blobs, lambda evs: to_new_events(evs, settings.max_event_bytes), on_appended,
+                       promote_inflight_refs=settings.lane_promote_inflight_refs)
+    register(broker, settings, store, on_appended, projector, lane)
     log = structlog.get_logger("persistence")
 
     async def open_database() -> None:
@@ -37,8 +66,8 @@ def build(settings: Settings) -> AsgiFastStream:
     app = make_app(settings, broker,
                    readiness=[("postgres", db.ping)],
                    on_startup=[open_database],
-                   after_startup=[relay.start],
-                   on_shutdown=[relay.stop])
+                   after_startup=[relay.start, projector.start],
+                   on_shutdown=[relay.stop, projector.stop])
     # the pool closes only after FastStream has drained in-flight handlers (broker.stop runs after on_shutdown)
     app.after_shutdown(db.close)
     return app
@@ -49,9 +78,50 @@ def create_app() -> AsgiFastStream:
     return build(Settings())
 
 
+async def _rebuild(url: str, verify: bool, batch_size: int) -> dict:
+    await wait_for_postgres(url, 30)
+    applied = await asyncio.to_thread(migrate, url)
+    db = Database(url, min_size=1, max_size=2)
+    await db.open()
+    try:
+        report = await rebuild(db, verify=verify, batch_size=batch_size)
+    finally:
+        await db.close()
+    report["migrationsApplied"] = applied
+    return report
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ctxbuild_persistence",
+                                     description="ctxbuild persistence service (no command: run the service)")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("serve", help="run the service (the default)")
+    for name, text in (("migrate", "apply pending migrations and exit"),
+                       ("rebuild-projections", "rebuild the conversation projection from the event log")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--database-url", default=os.environ.get("CTX_DATABASE_URL"),
+                       help="PostgreSQL URL (default: $CTX_DATABASE_URL)")
+        if name == "rebuild-projections":
+            p.add_argument("--verify", action="store_true",
+                           help="dry run: compare a rebuild with the live rows, roll back; exit 1 if they differ")
+            p.add_argument("--batch-size", type=int, default=1000)
+    args = parser.parse_args(argv)
+    if args.command in (None, "serve"):
+        settings = Settings()
+        serve(build(settings), settings)
+        return 0
+    if not args.database_url:
+        parser.error("no database URL: set CTX_DATABASE_URL or pass --database-url")
+    if args.command == "migrate":
+        print(json.dumps({"applied": migrate(args.database_url)}))
+        return 0
+    report = asyncio.run(_rebuild(args.database_url, args.verify, args.batch_size))
+    print(json.dumps(report))
+    return 0 if report["identical"] or not args.verify else 1
+
+
 def main() -> None:
-    settings = Settings()
-    serve(build(settings), settings)
+    sys.exit(cli(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ validation is done by ``@rpc``; the store and the domain do the work.
 | ``ctx.persist.append``      | append events (expected version, idempotent by event id)     |
 | ``ctx.persist.read_stream`` | a stream's events from a version                              |
 | ``ctx.persist.read_all``    | every stream's events after a global position (gap-free)     |
-| ``ctx.persist.history``     | a conversation's path to an anchor + its attachments          |
+| ``ctx.persist.history``     | a conversation's path to an anchor + what compaction needs    |
+| ``ctx.persist.complete_turn`` | the persist lane: trim + offload, then AssistantMessageCompleted |
+
+``ctx.persist.history`` reads the projection (read-your-writes: it waits, bounded, for the projection to reach
+the conversation's last event) and folds the events instead when the projection is behind or failing.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import structlog
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 from ctxbuild_platform.rpc import rpc
@@ -21,11 +26,14 @@ from faststream.nats import NatsBroker
 from opentelemetry.propagate import inject
 
 from .adapters.event_store import EventStore, dumps
+from .adapters.projection import Projector, read_history, stream_head
 from .domain.append import NewEvent
-from .domain.conversation import conversation_stream, history
+from .domain.conversation import branches, conversation_stream, fold, history
+from .persist_lane import PersistLane
 from .settings import Settings
 
 QUEUE = "persistence"
+log = structlog.get_logger("persistence")
 
 
 def event_contract(event_type: str) -> str | None:
@@ -56,7 +64,8 @@ def to_new_events(raw_events: list[dict[str, Any]], max_event_bytes: int) -> lis
     return out
 
 
-def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appended: Callable[[], None]) -> None:
+def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appended: Callable[[], None],
+             projector: Projector | None = None, lane: PersistLane | None = None) -> None:
     workers = settings.max_workers
 
     def limit_of(payload: dict[str, Any]) -> int:
@@ -83,7 +92,29 @@ def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appen
 
     @rpc(broker, "ctx.persist.history", queue=QUEUE, max_workers=workers)
     async def conversation_history(payload: dict[str, Any]) -> dict[str, Any]:
-        """A conversation's messages on the path root → anchor (default: the last message) + attachments."""
-        cid = payload["conversationId"]
-        events = await store.stream_events(conversation_stream(cid))
-        return history(cid, events, payload.get("anchorId"))
+        """A conversation's messages on the path root → anchor (default: the last message), its attachments,
+        and what compaction needs (usage of the last step, summaries, archived output URIs)."""
+        cid, anchor = payload["conversationId"], payload.get("anchorId")
+        with_branches = bool(payload.get("includeBranches"))
+        stream = conversation_stream(cid)
+        if projector is not None and settings.history_from_projection:
+            target = await stream_head(store.db, stream)
+            near = target - projector.position <= settings.history_max_wait_lag
+            if target and near and await projector.wait_for(target, settings.history_projection_wait_s):
+                reply = await read_history(store.db, cid, anchor, target, with_branches)
+                if reply is not None:
+                    return reply
+            if target:
+                log.warning("history-folded", conversation=cid, projection=projector.position, needed=target)
+        events = await store.stream_events(stream)
+        reply = history(cid, events, anchor)
+        if with_branches:
+            reply["branches"] = branches(fold(cid, events), [m["id"] for m in reply["messages"]])
+        return reply
+
+    if lane is not None:
+        @rpc(broker, "ctx.persist.complete_turn", queue=QUEUE, max_workers=workers)
+        async def complete_turn(payload: dict[str, Any]) -> dict[str, Any]:
+            """The persist lane (SPEC §7): oversized tool outputs → blobs + envelopes, then one
+            AssistantMessageCompleted event on the conversation stream."""
+            return await lane.complete_turn(payload)

@@ -24,6 +24,23 @@ class Settings(ServiceSettings):
     relay_publish_timeout_s: float = Field(5.0, gt=0)
     relay_max_backoff_s: float = Field(5.0, gt=0, description="ceiling of the retry backoff after a failure")
 
+    projector_batch_size: int = Field(500, ge=1, le=10_000, description="events per projection transaction")
+    projector_batch_bytes: int = Field(16 * 1024 * 1024, ge=1, description="and at most this much event data")
+    projector_poll_interval_s: float = Field(1.0, gt=0, description="projection poll interval when idle")
+    history_from_projection: bool = Field(
+        True, description="serve ctx.persist.history from the projection (false: always fold the events)")
+    history_projection_wait_s: float = Field(
+        2.0, ge=0, description="read-your-writes: how long history waits for the projection to reach the "
+                               "conversation's last event before folding the events instead")
+    history_max_wait_lag: int = Field(
+        10_000, ge=0, description="read-your-writes: a projection further behind than this many positions (a "
+                                  "catch-up after a deploy or a rebuild) is not waited for: history folds at once")
+
+    lane_blob_timeout_s: float = Field(30.0, gt=0, description="persist lane: timeout of one ctx.blob.put")
+    lane_blob_concurrency: int = Field(8, ge=1, description="persist lane: blob writes in flight per request")
+    lane_promote_inflight_refs: bool = Field(
+        True, description="persist lane: give in-flight offloaded outputs a tool_output reference (ctx.blob.ref)")
+
     max_event_bytes: int = Field(
         900_000, ge=1024, description="data+metadata JSON of one event; must fit a NATS message when relayed")
     read_default_limit: int = Field(1000, ge=1)

@@ -68,6 +68,12 @@ def row_to_event(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+# the stream's current version and which of the request's event ids are stored (one row even when none is)
+_STATE = (
+    "SELECT c.current, e.event_id, e.stream_id, e.version, e.position "
+    "FROM (SELECT coalesce(max(version), 0) AS current FROM persistence.events WHERE stream_id = $1) c "
+    "LEFT JOIN persistence.events e ON e.event_id = ANY($2::uuid[])")
+
 _SELECT = ("SELECT position, stream_id, version, event_id, type, data::text AS data, metadata::text AS metadata, "
            "recorded_at FROM persistence.events ")
 
@@ -77,17 +83,28 @@ class EventStore:
         self.db = db
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
+        """Four round trips: BEGIN + lock, one read (stream version + stored ids), one write (events + outbox
+        rows in one statement), COMMIT."""
         ids = [uuid.UUID(e.event_id) for e in events]
-        async with db_errors(), self.db.pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_LOCK)
-            rows = await conn.fetch(
-                "SELECT event_id, stream_id, version, position FROM persistence.events "
-                "WHERE event_id = ANY($1::uuid[])", ids)
-            existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"]) for r in rows}
-            current = await conn.fetchval(
-                "SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream_id)
-            plan = plan_append(stream_id, expected_version, events, current, existing)
-            positions = await self._insert(conn, plan)
+        async with db_errors(), self.db.pool.acquire() as conn:
+            # BEGIN and the lock in one simple-protocol round trip; the read below is a new statement, so its
+            # snapshot is taken after the lock is held (READ COMMITTED) and sees every earlier append
+            await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({APPEND_LOCK})")
+            try:
+                rows = await conn.fetch(_STATE, stream_id, ids)
+                current = rows[0]["current"]
+                existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
+                            for r in rows if r["event_id"] is not None}
+                plan = plan_append(stream_id, expected_version, events, current, existing)
+                positions = await self._insert(conn, plan)
+                await conn.execute("COMMIT")
+            except BaseException:
+                if not conn.is_closed():
+                    try:
+                        await conn.execute("ROLLBACK")
+                    except Exception:  # noqa: BLE001 - the connection is broken; the pool discards it
+                        conn.terminate()
+                raise
         return plan.result(positions)
 
     @staticmethod
@@ -95,12 +112,15 @@ class EventStore:
         if not plan.to_insert:
             return []
         rows = await conn.fetch(
-            "INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
-            "SELECT $1, x.v, x.id, x.t, x.d::json, x.m::json "
-            "FROM unnest($2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[]) "
-            "     WITH ORDINALITY AS x(v, id, t, d, m, ord) "
-            "ORDER BY x.ord "
-            "RETURNING position, version",
+            "WITH ins AS ("
+            "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
+            "  SELECT $1, x.v, x.id, x.t, x.d::json, x.m::json "
+            "  FROM unnest($2::int[], $3::uuid[], $4::text[], $5::text[], $6::text[]) "
+            "       WITH ORDINALITY AS x(v, id, t, d, m, ord) "
+            "  ORDER BY x.ord "
+            "  RETURNING position, version), "
+            "ob AS (INSERT INTO persistence.outbox (position) SELECT position FROM ins) "
+            "SELECT position, version FROM ins",
             plan.stream_id,
             [v for v, _ in plan.to_insert],
             [uuid.UUID(e.event_id) for _, e in plan.to_insert],
@@ -109,9 +129,7 @@ class EventStore:
             [dumps(e.metadata) for _, e in plan.to_insert],
         )
         by_version = {r["version"]: r["position"] for r in rows}
-        positions = [by_version[v] for v, _ in plan.to_insert]
-        await conn.execute("INSERT INTO persistence.outbox (position) SELECT unnest($1::bigint[])", positions)
-        return positions
+        return [by_version[v] for v, _ in plan.to_insert]
 
     async def read_stream(self, stream_id: str, from_version: int, limit: int) -> dict[str, Any]:
         async with db_errors(), self.db.pool.acquire() as conn, \
@@ -128,6 +146,11 @@ class EventStore:
                                     after_position, limit)
         events = [row_to_event(r) for r in rows]
         return {"events": events, "lastPosition": events[-1]["position"] if events else after_position}
+
+    async def event_at(self, position: int) -> dict[str, Any] | None:
+        async with db_errors(), self.db.pool.acquire() as conn:
+            row = await conn.fetchrow(_SELECT + "WHERE position = $1", position)
+        return row_to_event(row) if row is not None else None
 
     async def stream_events(self, stream_id: str) -> list[dict[str, Any]]:
         """Every event of a stream, in version order (history folding)."""

@@ -1,7 +1,8 @@
 """Fold the events of stream ``conversation:<id>`` into messages, attachments and compaction summaries, and
 compute the path served for a turn (SPEC §1: a conversation is a tree; a turn serves root → anchor).
 
-Walking-skeleton depth: history is folded on read; a projection table can later hold the same fold.
+The same rules feed the projection tables (``domain/projection.py``, maintained by the projector): the fold
+here is the reference the projection is tested against, and the fallback when the projection is behind.
 
 Events (contracts/events/<Type>.json):
 - ``ConversationCreated {conversationId, title?, settings?}``
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxbuild_codec.trim import VFS_SCHEME, handle_prefix_from_uri
 from ctxbuild_platform.errors import NotFound
 
 ATTACHMENT_FIELDS = ("sha256", "handle", "displayName", "mediaType", "size")
@@ -53,16 +55,23 @@ class Conversation:
         return next(reversed(self.messages), None)
 
 
+def resolve_message(message: Mapping[str, Any], previous_id: str | None,
+                    turn_id: str | None = None) -> dict[str, Any]:
+    """The message as stored and served: ``parentId`` resolved (no key → the previous message), ``turnId`` from
+    the event when the message has none. Key order: the message's own, then the added keys."""
+    msg = dict(message)
+    if "parentId" not in msg:
+        msg["parentId"] = previous_id
+    if turn_id is not None and "turnId" not in msg:
+        msg["turnId"] = turn_id
+    return msg
+
+
 def _add_message(conv: Conversation, message: Mapping[str, Any], turn_id: str | None = None) -> None:
     mid = message["id"]
     if mid in conv.messages:
         return
-    msg = dict(message)
-    if "parentId" not in msg:
-        msg["parentId"] = conv.last_message_id
-    if turn_id is not None and "turnId" not in msg:
-        msg["turnId"] = turn_id
-    conv.messages[mid] = msg
+    conv.messages[mid] = resolve_message(message, conv.last_message_id, turn_id)
 
 
 def apply(conv: Conversation, event_type: str, data: Mapping[str, Any], version: int | None = None) -> None:
@@ -128,12 +137,99 @@ def history(conversation_id: str, events: Iterable[Mapping[str, Any]],
     if conv.event_count == 0:
         raise NotFound(f"conversation {conversation_id!r} has no events",
                        details={"conversationId": conversation_id})
+    return history_reply(conversation_id, conv.version, conv.title, path_to(conv, anchor_id),
+                         [dict(a) for a in conv.attachments.values()], source="fold")
+
+
+def persisted_uris_of(message: Mapping[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    """``(uri, sha256, toolCallId)`` of the tool outputs ctxbuild archived for this message — typed provenance
+    only: ``offload.uri`` of an in-flight trim and ``vfsFilename`` of a persisted v1/v2 envelope. Text that
+    merely looks like a marker is never a source (SPEC §1)."""
+    out: list[tuple[str, str | None, str | None]] = []
+    for part in message.get("parts") or []:
+        if not isinstance(part, Mapping) or part.get("type") != "tool-result":
+            continue
+        call_id = part.get("toolCallId")
+        offload = part.get("offload")
+        if isinstance(offload, Mapping) and offload.get("mode") == "offloaded":
+            uri = _vfs_uri(offload.get("uri"))
+            if uri:
+                out.append((uri, _sha(offload.get("sha256")), call_id))
+        output = part.get("output")
+        if isinstance(output, Mapping) and output.get("type") == "persisted" and isinstance(output.get("value"),
+                                                                                            Mapping):
+            env = output["value"]
+            refs = [env] + [r for r in env.get("blobRefs") or [] if isinstance(r, Mapping)]
+            for ref in refs:
+                uri = _vfs_uri(ref.get("vfsFilename"))
+                if uri:
+                    out.append((uri, _sha(ref.get("fileEntryId")), call_id))
+    return out
+
+
+def attachment_refs_of(message: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """``(handle, sha256)`` of the file parts of a message."""
+    return [(p["handle"], _sha(p.get("sha256"))) for p in message.get("parts") or []
+            if isinstance(p, Mapping) and p.get("type") == "file" and isinstance(p.get("handle"), str)]
+
+
+def _vfs_uri(value: Any) -> str | None:
+    if not isinstance(value, str) or handle_prefix_from_uri(value) is None:
+        return None
+    return value if value.startswith(VFS_SCHEME) else VFS_SCHEME + value
+
+
+def _sha(value: Any) -> str | None:
+    return value if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef"
+                                                                        for c in value) else None
+
+
+def history_extras(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the compaction service needs besides the rows (SPEC §8), computed over the whole path:
+    ``lastUsage`` (the newest assistant row with provider usage), ``summaries`` (where stored summaries sit on the
+    path — index into ``messages``, oldest first; the deepest is the one that counts, its text is the row's
+    ``compactionSummary``) and ``persistedUris`` (archived outputs on the path,
+    in order of first appearance)."""
+    last_usage = None
+    for m in reversed(messages):
+        if m.get("role") == "assistant" and isinstance(m.get("usage"), Mapping):
+            last_usage = {"messageId": m["id"], "usage": dict(m["usage"])}
+            break
+    summaries = [{"boundaryId": m["id"], "index": i}
+                 for i, m in enumerate(messages) if isinstance(m.get("compactionSummary"), str)]
+    uris: dict[str, None] = {}
+    for m in messages:
+        for uri, _, _ in persisted_uris_of(m):
+            uris.setdefault(uri, None)
+    return {"lastUsage": last_usage, "summaries": summaries, "persistedUris": list(uris)}
+
+
+def history_reply(conversation_id: str, version: int, title: str | None, messages: list[dict[str, Any]],
+                  attachments: list[dict[str, Any]], *, source: str) -> dict[str, Any]:
+    """The ``ctx.persist.history`` reply, whichever way the rows were read (projection or fold)."""
     reply: dict[str, Any] = {
         "conversationId": conversation_id,
-        "version": conv.version,
-        "messages": path_to(conv, anchor_id),
-        "attachments": [dict(a) for a in conv.attachments.values()],
+        "version": version,
+        "messages": messages,
+        "attachments": attachments,
     }
-    if conv.title is not None:
-        reply["title"] = conv.title
+    if title is not None:
+        reply["title"] = title
+    reply["anchorId"] = messages[-1]["id"] if messages else None
+    reply.update(history_extras(messages))
+    reply["source"] = source
     return reply
+
+
+def branches(conv: Conversation, path_ids: list[str]) -> dict[str, list[str]]:
+    """For each message on the path that has siblings (same parent — e.g. regenerated answers): the ids of all
+    the siblings, itself included, in the order they were added."""
+    by_parent: dict[str | None, list[str]] = {}
+    for mid, msg in conv.messages.items():
+        by_parent.setdefault(msg.get("parentId"), []).append(mid)
+    out: dict[str, list[str]] = {}
+    for mid in path_ids:
+        group = by_parent.get(conv.messages[mid].get("parentId"), [])
+        if len(group) > 1:
+            out[mid] = list(group)
+    return out

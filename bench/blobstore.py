@@ -1,0 +1,211 @@
+"""Benchmark: the blob store vs the raw S3 client on the same S3 server, side by side in one run.
+
+- put+get of 1 MiB text blobs: ``BlobClient.put`` (chunked upload over NATS — 1 MiB does not fit one message —
+  S3 write, metadata + reference in Postgres) and ``BlobClient.get_bytes`` (access check in Postgres, S3 read,
+  chunks pushed over NATS, sha256 verified by the client) vs ``minio.put_object`` / ``get_object`` of the same
+  bytes. Interleaved (the order alternates every iteration), distinct content per iteration (no dedup
+  shortcut), reads of blobs never read before (no warm cache). Ratio = median(service) / median(raw).
+- fs_read of a 2,000-line page at random offsets of a 100 MB blob (17-byte lines, so a full page fits the
+  default 50,000-char cap): median and p99.
+
+The stack is private (a temporary directory), durable settings (Postgres fsync on), one blob-store process.
+
+    .venv/bin/python bench/blobstore.py --out bench/results/blobstore.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from ctxbuild_blobclient import BlobClient
+from ctxbuild_devstack import Stack
+from ctxbuild_platform.rpc import RpcClient
+from faststream.nats import NatsBroker
+from minio import Minio
+
+MIB = 1024 * 1024
+TARGET_RATIO = 1.5
+
+
+def blob_text(i: int, size: int = MIB) -> str:
+    """Distinct, realistic text (log-like lines) of exactly ``size`` bytes."""
+    rnd = random.Random(i)
+    words = ["alpha", "beta", "gamma", "delta", "tool", "output", "status=ok", "latency_ms=12", "GET", "/api/v1"]
+    out, n = [], 0
+    while n < size:
+        line = f"{i:06d}-{len(out):06d} " + " ".join(rnd.choice(words) for _ in range(8)) + "\n"
+        out.append(line)
+        n += len(line)
+    return "".join(out)[:size]
+
+
+def page_text_chunks(total: int, chunk_lines: int = 200_000):
+    """~100 MB of 17-byte lines, generated in chunks (never the whole text in memory)."""
+    n, written = 0, 0
+    while written < total:
+        piece = "".join(f"{i:09d} abcdef\n" for i in range(n, n + chunk_lines))
+        if written + len(piece) > total:
+            piece = piece[: total - written]
+        n += chunk_lines
+        written += len(piece)
+        yield piece
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+def summary(xs: list[float]) -> dict:
+    return {"median_ms": round(statistics.median(xs) * 1000, 3), "p99_ms": round(pct(xs, 99) * 1000, 3),
+            "min_ms": round(min(xs) * 1000, 3), "n": len(xs)}
+
+
+async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int) -> dict:
+    env = stack.env
+    minio = Minio(env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=env["CTX_S3_ACCESS_KEY"],
+                  secret_key=env["CTX_S3_SECRET_KEY"], secure=False)
+    bucket = env["CTX_S3_BUCKET"]
+    broker = NatsBroker(env["CTX_NATS_URL"], logger=None)
+    await broker.connect()
+    client = BlobClient(RpcClient(broker, default_timeout=60))
+    conv = f"conv_bench_{uuid.uuid4().hex[:8]}"
+
+    def raw_put(key: str, data: bytes) -> None:
+        minio.put_object(bucket, key, io.BytesIO(data), len(data), content_type="text/plain; charset=utf-8")
+
+    def raw_get(key: str) -> bytes:
+        r = minio.get_object(bucket, key)
+        try:
+            return r.read()
+        finally:
+            r.close()
+            r.release_conn()
+
+    svc_put, svc_get, raw_puts, raw_gets = [], [], [], []
+    for i in range(n + warmup):
+        text = blob_text(i)
+        data = text.encode()
+        key = f"bench-raw/{uuid.uuid4().hex}"
+        order = ("svc", "raw") if i % 2 == 0 else ("raw", "svc")
+        sha = None
+        times = {}
+        for who in order:  # put side by side
+            t0 = time.perf_counter()
+            if who == "svc":
+                r = await client.put(text, conv, ("message", f"m{i}"), "tool_output")
+                sha = r["sha256"]
+                assert r["created"] and r["size"] == MIB
+            else:
+                raw_put(key, data)  # blocking, directly: the strictest baseline
+            times[who] = time.perf_counter() - t0
+        put_times = times
+        times = {}
+        for who in order:  # get side by side
+            t0 = time.perf_counter()
+            if who == "svc":
+                got = await client.get_bytes(conv, sha256=sha)
+            else:
+                got = raw_get(key)
+            times[who] = time.perf_counter() - t0
+            assert got == data
+        if i >= warmup:
+            svc_put.append(put_times["svc"])
+            raw_puts.append(put_times["raw"])
+            svc_get.append(times["svc"])
+            raw_gets.append(times["raw"])
+
+    # fs_read pages of a 100 MB blob
+    t0 = time.perf_counter()
+    big = await client.put(page_text_chunks(big_bytes), conv, ("message", "m-big"), "tool_output")
+    upload_s = time.perf_counter() - t0
+    total_lines = big["lines"]
+    rnd = random.Random(7)
+    fs_times = []
+    for k in range(pages + 5):
+        offset = rnd.randint(1, total_lines - 2000)
+        t0 = time.perf_counter()
+        page = await client.fs_read(conv, big["uri"], offset=offset, limit=2000)
+        dt = time.perf_counter() - t0
+        assert page["kind"] == "text" and page["endLine"] - page["startLine"] == 1999, page.get("code")
+        if k >= 5:
+            fs_times.append(dt)
+    # context: the raw S3 client reading a comparable byte range of the same object (one 64 KiB seek window
+    # + a 2,000-line page), at random offsets — the floor any fs_read page pays on this S3 server
+    raw_range = []
+    span = 64 * 1024 + 2000 * 17
+    for k in range(min(pages, 100) + 5):
+        start = rnd.randint(0, big["size"] - span)
+        t0 = time.perf_counter()
+        r = minio.get_object(bucket, f"blobs/{big['sha256']}", offset=start, length=span)
+        try:
+            assert len(r.read()) == span
+        finally:
+            r.close()
+            r.release_conn()
+        if k >= 5:
+            raw_range.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    n_bytes = 0
+    async for c in client.iter_chunks(conv, sha256=big["sha256"]):
+        n_bytes += len(c)
+    readback_s = time.perf_counter() - t0
+    assert n_bytes == big["size"]
+    await broker.stop()
+
+    put_ratio = statistics.median(svc_put) / statistics.median(raw_puts)
+    get_ratio = statistics.median(svc_get) / statistics.median(raw_gets)
+    return {
+        "put_ratio_vs_raw_s3": round(put_ratio, 3),
+        "get_ratio_vs_raw_s3": round(get_ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "ratios_hold": put_ratio <= TARGET_RATIO and get_ratio <= TARGET_RATIO,
+        "blob_bytes": MIB,
+        "service_put": summary(svc_put),
+        "raw_s3_put": summary(raw_puts),
+        "service_get": summary(svc_get),
+        "raw_s3_get": summary(raw_gets),
+        "fs_read_2000_lines_100mb": {**summary(fs_times), "blob_bytes": big["size"], "total_lines": total_lines},
+        "raw_s3_range_read_same_span_100mb": {**summary(raw_range), "span_bytes": span},
+        "upload_100mb_s": round(upload_s, 3),
+        "readback_100mb_s": round(readback_s, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("-n", type=int, default=60, help="measured 1 MiB put+get pairs")
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--pages", type=int, default=200, help="fs_read samples")
+    ap.add_argument("--big-mb", type=int, default=100)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ctxbuild-bench-blob-") as tmp:
+        stack = Stack(root=Path(tmp))
+        try:
+            stack.start_infra()
+            stack.start_service("blobstore")
+            result = asyncio.run(measure(stack, args.n, args.warmup, args.pages, args.big_mb * 1000 * 1000))
+        finally:
+            stack.down()
+    result["environment"] = {"python": platform.python_version(), "machine": platform.machine(),
+                             "cpus": os.cpu_count(), "s3": "SeaweedFS (weed server -s3), loopback",
+                             "postgres_fsync": True, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""The conversation projection on Postgres: the projector (a background task of every replica), the history
+read from the projection, and the rebuild command.
+
+Exactly-once effect: one batch = one transaction that (1) locks the projection's row in
+``persistence.projection_tracking`` (``FOR UPDATE SKIP LOCKED``: one replica projects at a time, the others
+wait for the next round), (2) reads the events after its position (global order; positions are handed out in
+commit order, so nothing can later appear below the position), (3) writes the projection rows and (4) moves the
+position. A crash before the commit undoes all four, a crash after keeps all four.
+
+Read-your-writes: ``ctx.persist.history`` looks up the conversation stream's last position, waits (bounded,
+``history_projection_wait_s``) until the projection is at or past it — waking the projector — and reads the rows
+in one snapshot together with the tracking position. A projection still behind after the wait (or failing) is
+bypassed: the reply is folded from the events (``source: "fold"``), never stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import structlog
+from ctxbuild_platform.errors import NotFound
+
+from ..domain.projection import PROJECTION, Changes, ConvHead, Known, LogEvent, keys_of, project
+from .db import Database
+from .event_store import db_errors, dumps
+
+log = structlog.get_logger("projection")
+
+TABLES = ("conversations", "messages", "compaction_summaries", "attachments", "file_references")
+# ORDER BY of each table's snapshot (its primary key), used by rebuild --verify and the tests
+TABLE_ORDER = {
+    "conversations": "conversation_id",
+    "messages": "conversation_id, message_id",
+    "compaction_summaries": "conversation_id, boundary_id",
+    "attachments": "conversation_id, handle",
+    "file_references": "conversation_id, message_id, kind, ref",
+}
+
+# the next events in global order, at most $2 of them and — past the first — at most $3 bytes of data; only
+# conversation streams' data is decoded (and sent)
+_READ_EVENTS = """
+SELECT position, stream_id, version, type, data FROM (
+    SELECT position, stream_id, version, type, d AS data,
+           sum(coalesce(octet_length(d), 0)) OVER (ORDER BY position) - coalesce(octet_length(d), 0) AS before
+    FROM (SELECT position, stream_id, version, type,
+                 CASE WHEN stream_id LIKE 'conversation:%' THEN data::text END AS d
+          FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2) page
+) sized
+WHERE before < $3
+ORDER BY position"""
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+
+def _load(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dump_or_none(value: Any) -> str | None:
+    return None if value is None else dumps(value)
+
+
+async def apply_batch(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> Changes:
+    """Project ``events`` (position order) inside the caller's transaction; returns what was written."""
+    keys = keys_of(events)
+    heads: dict[str, ConvHead] = {}
+    known = Known()
+    if keys.conversations:
+        for r in await conn.fetch(
+                "SELECT conversation_id, version, first_position, last_position, created, title, settings::text "
+                "AS settings, last_message_id, message_count, attachment_count FROM persistence.conversations "
+                "WHERE conversation_id = ANY($1::text[])", keys.conversations):
+            heads[r["conversation_id"]] = ConvHead(
+                r["conversation_id"], r["version"], r["first_position"], r["last_position"], r["created"],
+                r["title"], _load(r["settings"]), r["last_message_id"], r["message_count"], r["attachment_count"])
+    if keys.messages:
+        rows = await conn.fetch(
+            "SELECT m.conversation_id, m.message_id FROM persistence.messages m "
+            "JOIN unnest($1::text[], $2::text[]) AS k(c, id) ON m.conversation_id = k.c AND m.message_id = k.id",
+            [c for c, _ in keys.messages], [i for _, i in keys.messages])
+        known.messages = {(r[0], r[1]) for r in rows}
+    if keys.handles:
+        rows = await conn.fetch(
+            "SELECT a.conversation_id, a.handle FROM persistence.attachments a "
+            "JOIN unnest($1::text[], $2::text[]) AS k(c, h) ON a.conversation_id = k.c AND a.handle = k.h",
+            [c for c, _ in keys.handles], [h for _, h in keys.handles])
+        known.handles = {(r[0], r[1]) for r in rows}
+    if keys.boundaries:
+        rows = await conn.fetch(
+            "SELECT s.conversation_id, s.boundary_id FROM persistence.compaction_summaries s "
+            "JOIN unnest($1::text[], $2::text[]) AS k(c, b) ON s.conversation_id = k.c AND s.boundary_id = k.b",
+            [c for c, _ in keys.boundaries], [b for _, b in keys.boundaries])
+        known.boundaries = {(r[0], r[1]) for r in rows}
+
+    ch = project(events, heads, known)
+    await _write(conn, ch)
+    return ch
+
+
+async def _write(conn: asyncpg.Connection, ch: Changes) -> None:
+    if ch.heads:
+        await conn.executemany(
+            "INSERT INTO persistence.conversations (conversation_id, version, first_position, last_position, "
+            "created, title, settings, last_message_id, message_count, attachment_count) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7::json, $8, $9, $10) "
+            "ON CONFLICT (conversation_id) DO UPDATE SET version = EXCLUDED.version, "
+            "last_position = EXCLUDED.last_position, created = EXCLUDED.created, title = EXCLUDED.title, "
+            "settings = EXCLUDED.settings, last_message_id = EXCLUDED.last_message_id, "
+            "message_count = EXCLUDED.message_count, attachment_count = EXCLUDED.attachment_count",
+            [(h.conversation_id, h.version, h.first_position, h.last_position, h.created, h.title,
+              _dump_or_none(h.settings), h.last_message_id, h.message_count, h.attachment_count)
+             for h in ch.heads.values()])
+    if ch.messages:
+        await conn.execute(
+            "INSERT INTO persistence.messages (conversation_id, message_id, seq, parent_id, role, turn_id, body, "
+            "usage, position) "
+            "SELECT c, id, s, p, r, t, b::json, u::json, pos FROM unnest($1::text[], $2::text[], $3::int[], "
+            "$4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[]) AS x(c, id, s, p, r, t, b, u, pos)",
+            [m.conversation_id for m in ch.messages], [m.message_id for m in ch.messages],
+            [m.seq for m in ch.messages], [m.parent_id for m in ch.messages], [m.role for m in ch.messages],
+            [m.turn_id for m in ch.messages], [dumps(m.body) for m in ch.messages],
+            [_dump_or_none(m.usage) for m in ch.messages], [m.position for m in ch.messages])
+    if ch.summaries:
+        await conn.executemany(
+            "INSERT INTO persistence.compaction_summaries (conversation_id, boundary_id, summary, turn_id, "
+            "summarizer, folded_count, position) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            [(s.conversation_id, s.boundary_id, s.summary, s.turn_id, s.summarizer, s.folded_count, s.position)
+             for s in ch.summaries])
+    if ch.attachments:
+        await conn.executemany(
+            "INSERT INTO persistence.attachments (conversation_id, handle, seq, sha256, display_name, media_type, "
+            "size, uri, position) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            [(a.conversation_id, a.handle, a.seq, a.sha256, a.display_name, a.media_type, a.size, a.uri, a.position)
+             for a in ch.attachments])
+    if ch.file_refs:
+        await conn.executemany(
+            "INSERT INTO persistence.file_references (conversation_id, message_id, kind, ref, sha256, "
+            "tool_call_id, position) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            [(f.conversation_id, f.message_id, f.kind, f.ref, f.sha256, f.tool_call_id, f.position)
+             for f in ch.file_refs])
+
+
+async def read_events(conn: asyncpg.Connection, after: int, limit: int,
+                      max_bytes: int = MAX_BATCH_BYTES) -> list[LogEvent]:
+    """Up to ``limit`` events after ``after``, cut once their conversation data passes ``max_bytes`` (one event
+    at least): a batch of large AssistantMessageCompleted events stays bounded in memory."""
+    rows = await conn.fetch(_READ_EVENTS, after, limit, max_bytes)
+    return [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"])) for r in rows]
+
+
+class Projector:
+    """Keeps the conversation projection up to date; one instance per replica, one batch at a time overall."""
+
+    def __init__(self, db: Database, *, batch_size: int = 500, batch_bytes: int = MAX_BATCH_BYTES,
+                 poll_interval_s: float = 1.0, max_backoff_s: float = 5.0) -> None:
+        self.db = db
+        self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
+        self.poll_interval_s = poll_interval_s
+        self.max_backoff_s = max_backoff_s
+        self.position = 0  # last tracking position this replica saw committed
+        self.events_applied = 0  # by this replica (metrics, tests)
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._waiters = 0
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self.stop_timeout_s = 10.0
+
+    # ---------- lifecycle ----------
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name="projector")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, timeout=self.stop_timeout_s)
+        except (TimeoutError, asyncio.CancelledError):
+            pass  # the open batch rolls back with the connection: nothing half-applied
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # ---------- work ----------
+    async def project_once(self) -> int | None:
+        """One batch. Returns how many events were read (0 = caught up), None if another replica holds the
+        projection (its progress is picked up by the next round)."""
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            pos = await conn.fetchval(
+                "SELECT position FROM persistence.projection_tracking WHERE name = $1 FOR UPDATE SKIP LOCKED",
+                PROJECTION)
+            if pos is None:
+                pos = await conn.fetchval(
+                    "SELECT position FROM persistence.projection_tracking WHERE name = $1", PROJECTION)
+                await self._advance(pos or 0)
+                return None
+            events = await read_events(conn, pos, self.batch_size, self.batch_bytes)
+            if events:
+                ch = await apply_batch(conn, events)
+                pos = ch.last_position
+                await conn.execute(
+                    "UPDATE persistence.projection_tracking SET position = $2, updated_at = now(), last_error = NULL "
+                    "WHERE name = $1", PROJECTION, pos)
+        self.events_applied += len(events)
+        await self._advance(pos)
+        return len(events)
+
+    async def _advance(self, position: int) -> None:
+        async with self._progress:
+            self.position = max(self.position, position)
+            self._progress.notify_all()
+
+    async def wait_for(self, position: int, timeout: float) -> bool:
+        """True once the projection is at or past ``position`` (bounded by ``timeout``)."""
+        if self.position >= position:
+            return True
+        self._waiters += 1
+        self.wake()
+        try:
+            async with self._progress:
+                await asyncio.wait_for(self._progress.wait_for(lambda: self.position >= position), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters -= 1
+
+    async def _record_error(self, error: str) -> None:
+        try:
+            async with self.db.pool.acquire() as conn:
+                await conn.execute("UPDATE persistence.projection_tracking SET last_error = $2 WHERE name = $1",
+                                   PROJECTION, error[:1000])
+        except Exception as exc:  # noqa: BLE001 - best effort: the log line is the primary report
+            log.debug("projection-error-not-recorded", error=str(exc)[:200])
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                n = await self.project_once()
+                backoff = 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - history falls back to folding while this is failing
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                backoff = min(max(backoff * 2, 0.1), self.max_backoff_s)
+                log.warning("projection-failed", error=error, retry_in_s=backoff)
+                await self._record_error(error)
+                await asyncio.sleep(backoff)
+                continue
+            if n:
+                continue  # more may be waiting (or a full batch was read)
+            # another replica is projecting (None): poll its progress quickly while someone waits for it
+            timeout = 0.05 if (n is None and self._waiters) else self.poll_interval_s
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            except TimeoutError:
+                pass
+        log.info("projector-stopped")
+
+
+# ---------------------------------------------------------------- reads
+
+async def stream_head(db: Database, stream_id: str) -> int:
+    """The global position of a stream's last event (0 = no events)."""
+    async with db_errors(), db.pool.acquire() as conn:
+        return await conn.fetchval(
+            "SELECT coalesce((SELECT position FROM persistence.events WHERE stream_id = $1 "
+            "ORDER BY version DESC LIMIT 1), 0)", stream_id)
+
+
+_PATH = """
+WITH RECURSIVE path(message_id, parent_id, depth) AS (
+    SELECT message_id, parent_id, 0 FROM persistence.messages WHERE conversation_id = $1 AND message_id = $2
+  UNION ALL
+    SELECT m.message_id, m.parent_id, p.depth + 1
+    FROM path p JOIN persistence.messages m ON m.conversation_id = $1 AND m.message_id = p.parent_id
+) CYCLE message_id SET is_cycle USING walked
+SELECT m.message_id, m.body::text AS body, s.summary
+FROM path p
+JOIN persistence.messages m ON m.conversation_id = $1 AND m.message_id = p.message_id
+LEFT JOIN persistence.compaction_summaries s ON s.conversation_id = $1 AND s.boundary_id = p.message_id
+WHERE NOT p.is_cycle
+ORDER BY p.depth DESC
+"""
+
+
+async def read_history(db: Database, conversation_id: str, anchor_id: str | None, at_least: int,
+                       include_branches: bool = False) -> dict[str, Any] | None:
+    """The history reply from the projection, or None when the projection is not yet at ``at_least``."""
+    from ..domain.conversation import history_reply
+
+    async with db_errors(), db.pool.acquire() as conn, \
+            conn.transaction(isolation="repeatable_read", readonly=True):
+        pos = await conn.fetchval("SELECT position FROM persistence.projection_tracking WHERE name = $1",
+                                  PROJECTION)
+        if pos is None or pos < at_least:
+            return None
+        head = await conn.fetchrow(
+            "SELECT version, title, last_message_id FROM persistence.conversations WHERE conversation_id = $1",
+            conversation_id)
+        if head is None:
+            raise NotFound(f"conversation {conversation_id!r} has no events",
+                           details={"conversationId": conversation_id})
+        anchor = anchor_id if anchor_id is not None else head["last_message_id"]
+        messages: list[dict[str, Any]] = []
+        if anchor is not None:
+            rows = await conn.fetch(_PATH, conversation_id, anchor)
+            if not rows:
+                raise NotFound(f"message {anchor_id!r} is not in conversation {conversation_id!r}",
+                               details={"conversationId": conversation_id, "anchorId": anchor_id})
+            for r in rows:
+                msg = json.loads(r["body"])
+                if r["summary"] is not None:
+                    msg["compactionSummary"] = r["summary"]
+                messages.append(msg)
+        atts = await conn.fetch(
+            "SELECT sha256, handle, display_name, media_type, size FROM persistence.attachments "
+            "WHERE conversation_id = $1 ORDER BY seq", conversation_id)
+        branches = None
+        if include_branches and messages:
+            branches = await _branches(conn, conversation_id, [m["id"] for m in messages])
+    attachments = [{"sha256": a["sha256"], "handle": a["handle"], "displayName": a["display_name"],
+                    "mediaType": a["media_type"], "size": a["size"]} for a in atts]
+    reply = history_reply(conversation_id, head["version"], head["title"], messages, attachments,
+                          source="projection")
+    if branches is not None:
+        reply["branches"] = branches
+    return reply
+
+
+async def _branches(conn: asyncpg.Connection, conversation_id: str, path_ids: list[str]) -> dict[str, list[str]]:
+    rows = await conn.fetch(
+        "SELECT p.message_id AS on_path, array_agg(s.message_id ORDER BY s.seq) AS siblings "
+        "FROM persistence.messages p JOIN persistence.messages s ON s.conversation_id = p.conversation_id "
+        "  AND s.parent_id IS NOT DISTINCT FROM p.parent_id "
+        "WHERE p.conversation_id = $1 AND p.message_id = ANY($2::text[]) GROUP BY p.message_id "
+        "HAVING count(*) > 1", conversation_id, path_ids)
+    by_id = {r["on_path"]: list(r["siblings"]) for r in rows}
+    return {mid: by_id[mid] for mid in path_ids if mid in by_id}
+
+
+# ---------------------------------------------------------------- rebuild
+
+async def snapshot(conn: asyncpg.Connection) -> dict[str, list[tuple]]:
+    """Every projection row, json as text, in primary-key order (for rebuild --verify and tests)."""
+    out: dict[str, list[tuple]] = {}
+    for table in TABLES:
+        cols = [r["attname"] for r in await conn.fetch(
+            "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum", f"persistence.{table}")]
+        sel = ", ".join(f"{c}::text" for c in cols)
+        out[table] = [tuple(r) for r in await conn.fetch(
+            f"SELECT {sel} FROM persistence.{table} ORDER BY {TABLE_ORDER[table]}")]
+    return out
+
+
+def diff(before: dict[str, list[tuple]], after: dict[str, list[tuple]]) -> dict[str, dict[str, int]]:
+    """Per table: rows only in ``before`` (missing after the rebuild) and only in ``after`` (extra)."""
+    out: dict[str, dict[str, int]] = {}
+    for table in TABLES:
+        b, a = set(before.get(table, [])), set(after.get(table, []))
+        if b != a:
+            out[table] = {"missing": len(b - a), "extra": len(a - b)}
+    return out
+
+
+class _VerifyRollback(Exception):
+    pass
+
+
+async def rebuild(db: Database, *, verify: bool = False, batch_size: int = 1000,
+                  lock_timeout_s: float = 30.0) -> dict[str, Any]:
+    """Rebuild the conversation projection from the event log in ONE transaction (readers keep seeing the old
+    rows until it commits; the live projectors wait on the tracking row meanwhile).
+
+    The rows are first rebuilt up to the position the live projection had reached, so the two can be compared
+    (``verify``: compare, report, roll back — a dry run); then, unless verifying, the rebuild continues to the
+    head of the log and commits."""
+    started = time.monotonic()
+    report: dict[str, Any] = {"projection": PROJECTION, "verify": verify}
+    try:
+        async with db.pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+            live = await conn.fetchval(
+                "SELECT position FROM persistence.projection_tracking WHERE name = $1 FOR UPDATE", PROJECTION)
+            if live is None:
+                raise RuntimeError("projection_tracking has no 'conversation' row: run the migrations first")
+            before = await snapshot(conn)
+            for table in reversed(TABLES):
+                await conn.execute(f"DELETE FROM persistence.{table}")
+            pos, events_read = 0, 0
+            while pos < live:
+                events = [e for e in await read_events(conn, pos, batch_size) if e.position <= live]
+                if not events:
+                    break
+                await apply_batch(conn, events)
+                pos = events[-1].position
+                events_read += len(events)
+            after = await snapshot(conn)
+            report.update(livePosition=live, differences=diff(before, after),
+                          rows={t: len(after[t]) for t in TABLES})
+            report["identical"] = not report["differences"]
+            if verify:
+                raise _VerifyRollback
+            pos = live
+            while True:
+                events = await read_events(conn, pos, batch_size)
+                if not events:
+                    break
+                await apply_batch(conn, events)
+                pos = events[-1].position
+                events_read += len(events)
+            await conn.execute(
+                "UPDATE persistence.projection_tracking SET position = $2, updated_at = now(), last_error = NULL "
+                "WHERE name = $1", PROJECTION, pos)
+            report.update(position=pos, eventsRead=events_read)
+    except _VerifyRollback:
+        report["rolledBack"] = True
+    report["durationS"] = round(time.monotonic() - started, 3)
+    return report

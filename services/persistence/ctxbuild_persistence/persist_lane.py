@@ -1,0 +1,221 @@
+"""``ctx.persist.complete_turn``: the persist lane (SPEC §7) end to end.
+
+1. Plan: the codec library decides, per tool-result part of the turn's ``tool`` messages, what to offload
+   (``plan_persist``: same policies/codecs/primitive as in flight; fs_read and read_file echoes go through the
+   text-field codec or the opaque lane — finding #3).
+2. Blobs first: every full text goes to the blob store (``ctx.blob.put``, role ``tool_output``, owner = the
+   message). Content-addressed and idempotent: a retry writes nothing new. Writes run concurrently; one that
+   fails leaves its part with the full output ("better fat than lost").
+3. Apply: the parts become ``persisted`` outputs holding v1/v2 envelopes (``apply_persist``).
+4. Append ONE ``AssistantMessageCompleted`` event (idempotent by ``eventId``, expected version of the
+   conversation stream). The references exist before the event commits, so a committed event never names a
+   blob without a reference.
+   Large texts (over one NATS message) take the blob store's chunked upload (``ctxbuild_blobclient``).
+5. The event did not commit, for certain (version conflict, invalid event): the references this call added for
+   messages that are not stored are released (``ctx.blob.release``) so the blobs become unreferenced and the
+   blob store's GC collects them after its grace period. An ambiguous failure (database unreachable: the commit
+   may have happened) releases nothing — a leaked reference costs storage, a released one could lose data; the
+   caller retries with the same eventId.
+
+Outputs the in-flight lane already offloaded (typed ``offload`` with a sha256) are stored as they are; their
+blob gets a ``tool_output`` reference owned by the message (``ctx.blob.ref``, promoted from the turn's
+provisional one) when the blob store offers that subject.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+from ctxbuild_blobclient import BlobClient
+from ctxbuild_codec import persist_threshold
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import Conflict, InvalidPayload
+from ctxbuild_platform.telemetry import span
+
+from .adapters.event_store import EventStore
+from .domain.conversation import conversation_stream, fold
+from .domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
+
+log = structlog.get_logger("persist_lane")
+
+ENVELOPE_CONTRACT = "envelopes/envelope.json"
+
+
+class LaneBlobs:
+    """The blob-store calls of the lane, through ``ctxbuild_blobclient.BlobClient`` (inline put, or the chunked
+    upload for content over one NATS message), bounded in concurrency; failures are answers, not exceptions."""
+
+    def __init__(self, client: BlobClient, *, concurrency: int) -> None:
+        self.client = client
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def put(self, conversation_id: str, w: BlobWrite) -> str | None:
+        """The URI the store acknowledged for exactly these bytes, or None (the part keeps its full text)."""
+        async with self._slots:
+            try:
+                reply = await self.client.put(w.text, conversation_id, ("message", w.message_id), "tool_output",
+                                              media_type="text/plain", sha256=w.sha256)
+            except Exception as exc:  # noqa: BLE001 - any failure of one write only costs that part its trim
+                log.warning("blob-put-failed", message=w.message_id, sha256=w.sha256,
+                            error=f"{type(exc).__name__}: {exc}"[:300])
+                return None
+        if reply.get("sha256") != w.sha256:
+            log.error("blob-put-mismatch", expected=w.sha256, got=reply.get("sha256"))
+            return None
+        return reply["uri"]
+
+    async def ref(self, conversation_id: str, message_id: str, sha256: str) -> bool:
+        async with self._slots:
+            try:
+                await self.client.ref(sha256, conversation_id, ("message", message_id), "tool_output")
+                return True
+            except Exception as exc:  # noqa: BLE001 - the provisional reference still holds the blob
+                log.info("blob-ref-failed", message=message_id, sha256=sha256,
+                         error=f"{type(exc).__name__}: {exc}"[:200])
+                return False
+
+    async def release(self, message_id: str, sha256: str | None = None) -> bool:
+        try:
+            await self.client.release(("message", message_id), "tool_output", sha256)
+            return True
+        except Exception as exc:  # noqa: BLE001 - the reference leaks (storage), nothing is lost
+            log.warning("blob-release-failed", message=message_id, error=f"{type(exc).__name__}: {exc}"[:200])
+            return False
+
+
+def _valid_envelopes(messages: Sequence[dict[str, Any]]) -> None:
+    """A self-check: every envelope the lane produced validates against contracts/envelopes (when present)."""
+    if not contracts.has_contract(ENVELOPE_CONTRACT):
+        return
+    for m in messages:
+        for p in m.get("parts") or []:
+            out = p.get("output") if isinstance(p, dict) else None
+            if isinstance(out, dict) and out.get("type") == "persisted":
+                contracts.validate(ENVELOPE_CONTRACT, out["value"])
+
+
+def inflight_offloads(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(message id, sha256) of outputs the in-flight lane offloaded (typed provenance with a sha256)."""
+    out: dict[tuple[str, str], None] = {}
+    for m in messages:
+        if m.get("role") != "tool":
+            continue
+        for p in m.get("parts") or []:
+            off = p.get("offload") if isinstance(p, dict) else None
+            if isinstance(off, dict) and off.get("mode") == "offloaded" and isinstance(off.get("sha256"), str):
+                out.setdefault((m["id"], off["sha256"]), None)
+    return list(out)
+
+
+class PersistLane:
+    def __init__(self, store: EventStore, blobs: LaneBlobs, to_events: Callable[[list[dict[str, Any]]], list],
+                 on_appended: Callable[[], None], *, promote_inflight_refs: bool = True) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.to_events = to_events
+        self.on_appended = on_appended
+        self.promote_inflight_refs = promote_inflight_refs
+
+    async def complete_turn(self, payload: dict[str, Any]) -> dict[str, Any]:
+        cid, turn_id = payload["conversationId"], payload["turnId"]
+        messages: list[dict[str, Any]] = payload["messages"]
+        threshold = persist_threshold((payload.get("settings") or {}).get("truncateThreshold"))
+        with span("persist.lane", **{"ctx.conversation_id": cid, "ctx.turn_id": turn_id}) as sp:
+            plans = await asyncio.to_thread(plan_turn, messages, threshold) if _big(messages) \
+                else plan_turn(messages, threshold)
+            writes = blob_writes(plans)
+            uris = await asyncio.gather(*(self.blobs.put(cid, w) for w in writes))
+            written = {(w.message_id, w.sha256): uri for w, uri in zip(writes, uris)}
+            stored, report = apply_turn(messages, plans, written)
+            try:
+                _valid_envelopes(stored)
+            except InvalidPayload as exc:  # a codec bug must not store an unreadable envelope: keep it whole
+                log.error("envelope-invalid", error=exc.message)
+                stored, report = apply_turn(messages, plans, {})
+            promoted = failed_refs = 0
+            owners = {w.message_id for w in writes}  # messages this call gave references to
+            if self.promote_inflight_refs:
+                pairs = inflight_offloads(messages)
+                ok = await asyncio.gather(*(self.blobs.ref(cid, mid, sha) for mid, sha in pairs))
+                promoted, failed_refs = sum(ok), len(ok) - sum(ok)
+                owners |= {mid for (mid, _), done in zip(pairs, ok) if done}
+            data: dict[str, Any] = {"turnId": turn_id, "messages": stored}
+            if payload.get("usage") is not None:
+                data["usage"] = payload["usage"]
+            event = {"eventId": payload["eventId"], "type": "AssistantMessageCompleted", "data": data}
+            if payload.get("metadata"):
+                event["metadata"] = payload["metadata"]
+            stream = conversation_stream(cid)
+            try:
+                events = self.to_events([event])
+                result = await self.store.append(stream, payload.get("expectedVersion"), events)
+            except (Conflict, InvalidPayload):
+                if owners:
+                    await self._release_unstored(cid, owners)
+                raise
+            if result["duplicates"] < 1:
+                self.on_appended()
+            elif writes:
+                await self._release_unused(result["positions"][0], writes, uris)
+            sp.set_attribute("ctx.persist.parts", len(report))
+            sp.set_attribute("ctx.persist.blobs", sum(1 for u in uris if u))
+        out: dict[str, Any] = {"append": result, "threshold": threshold, "parts": report}
+        if self.promote_inflight_refs:
+            out["references"] = {"promoted": promoted, "failed": failed_refs}
+        return out
+
+    async def _release_unused(self, position: int, writes: Sequence[BlobWrite], uris: Sequence[str | None]) -> None:
+        """A retry found its event already stored: references this attempt added for blobs the stored messages
+        do not name (e.g. the first attempt kept a full output while the blob store was down) are released, so
+        the references match what was committed."""
+        try:
+            stored = await self.store.event_at(position)
+        except Exception as exc:  # noqa: BLE001 - keep the references (storage), never lose a named blob
+            log.warning("release-skipped", error=f"{type(exc).__name__}: {exc}"[:200])
+            return
+        named = {(m["id"], sha) for m in (stored or {}).get("data", {}).get("messages", [])
+                 for sha in _named_blobs(m)}
+        for w, uri in zip(writes, uris):
+            if uri is not None and (w.message_id, w.sha256) not in named:
+                await self.blobs.release(w.message_id, w.sha256)
+
+    async def _release_unstored(self, conversation_id: str, message_ids: set[str]) -> None:
+        """The event is known not to be stored: release the references of messages the stream does not hold
+        (a message id already stored — e.g. by an earlier attempt — keeps its references)."""
+        try:
+            conv = fold(conversation_id, await self.store.stream_events(conversation_stream(conversation_id)))
+        except Exception as exc:  # noqa: BLE001 - cannot tell what is stored: release nothing
+            log.warning("release-skipped", error=f"{type(exc).__name__}: {exc}"[:200])
+            return
+        for mid in sorted(message_ids - set(conv.messages)):
+            await self.blobs.release(mid)
+
+
+def _named_blobs(message: dict[str, Any]) -> set[str]:
+    """sha256s a stored message's persisted envelopes refer to."""
+    out: set[str] = set()
+    for p in message.get("parts") or []:
+        out_ = p.get("output") if isinstance(p, dict) else None
+        if isinstance(out_, dict) and out_.get("type") == "persisted" and isinstance(out_.get("value"), dict):
+            env = out_["value"]
+            for ref in [env, *[r for r in env.get("blobRefs") or [] if isinstance(r, dict)]]:
+                if isinstance(ref.get("fileEntryId"), str):
+                    out.add(ref["fileEntryId"])
+    return out
+
+
+def _big(messages: Sequence[dict[str, Any]], limit: int = 1 << 20) -> bool:
+    """Rough size check: plan big turns on a thread (sha256 and line counts over MBs of text)."""
+    total = 0
+    for m in messages:
+        for p in m.get("parts") or []:
+            out = p.get("output") if isinstance(p, dict) else None
+            if isinstance(out, dict) and isinstance(out.get("value"), str):
+                total += len(out["value"])
+                if total > limit:
+                    return True
+    return False
+

@@ -1,0 +1,190 @@
+"""Event store semantics under concurrency, on the real service (NATS request/reply → Postgres): optimistic
+concurrency (exactly one winner per version), idempotency by event id, a gap-free global order, and the trace
+context carried by every event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+
+import pytest
+from ctxbuild_platform.errors import RemoteError
+from ctxbuild_platform.rpc import RpcClient
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def persistence(start_service) -> str:
+    return start_service("persistence")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def event(type_: str, data: dict, **extra) -> dict:
+    return {"eventId": new_id(), "type": type_, "data": data, **extra}
+
+
+async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
+    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
+
+
+async def test_ten_appenders_at_the_same_version_exactly_one_wins_each_version(persistence, rpc):
+    stream = f"test:{new_id()}"
+    rounds, appenders = 8, 10
+    winners: list[int] = []
+    for version in range(rounds):
+        attempts = [event("ThingHappened", {"round": version, "appender": a}) for a in range(appenders)]
+        results = await asyncio.gather(*(append(rpc, stream, [ev], expected=version) for ev in attempts),
+                                       return_exceptions=True)
+        ok = [(a, r) for a, r in enumerate(results) if isinstance(r, dict)]
+        conflicts = [r for r in results if isinstance(r, RemoteError)]
+        assert len(ok) == 1, results
+        assert len(conflicts) == appenders - 1 and all(c.code == "version-conflict" for c in conflicts)
+        assert all(c.details["actualVersion"] == version + 1 for c in conflicts)  # the winner's version
+        assert ok[0][1]["fromVersion"] == ok[0][1]["toVersion"] == version + 1
+        winners.append(ok[0][0])
+    got = await rpc.call("ctx.persist.read_stream", {"streamId": stream})
+    assert [e["version"] for e in got["events"]] == list(range(1, rounds + 1))
+    assert [e["data"]["appender"] for e in got["events"]] == winners
+    assert [e["data"]["round"] for e in got["events"]] == list(range(rounds))
+
+
+async def test_contending_writers_with_retries_never_lose_or_double_an_event(persistence, rpc):
+    """Each writer reads the version, appends with it, and retries on a conflict (the runner's pattern)."""
+    stream = f"test:{new_id()}"
+    writers, per_writer = 10, 5
+    conflicts = Counter()
+
+    async def writer(w: int) -> list[int]:
+        versions = []
+        for k in range(per_writer):
+            ev = event("ThingHappened", {"w": w, "k": k})
+            while True:
+                current = (await rpc.call("ctx.persist.read_stream", {"streamId": stream, "limit": 1}))["lastVersion"]
+                try:
+                    res = await append(rpc, stream, [ev], expected=current)
+                except RemoteError as exc:
+                    assert exc.code == "version-conflict"
+                    conflicts[w] += 1
+                    continue
+                versions.append(res["fromVersion"])
+                break
+        return versions
+
+    won = await asyncio.gather(*(writer(w) for w in range(writers)))
+    all_versions = sorted(v for vs in won for v in vs)
+    assert all_versions == list(range(1, writers * per_writer + 1))  # every version won exactly once
+    got = await rpc.call("ctx.persist.read_stream", {"streamId": stream})
+    assert sorted((e["data"]["w"], e["data"]["k"]) for e in got["events"]) == [
+        (w, k) for w in range(writers) for k in range(per_writer)]
+    assert sum(conflicts.values()) > 0  # there really was contention
+
+
+async def test_duplicate_ids_under_concurrency_are_stored_once(persistence, rpc):
+    stream = f"test:{new_id()}"
+    batch = [event("ThingHappened", {"i": i}) for i in range(5)]
+    # the same batch sent 10 times at once (a client retrying over a flaky link), plus a batch that repeats
+    # an id inside itself
+    results = await asyncio.gather(*(append(rpc, stream, batch, expected=0) for _ in range(10)),
+                                   return_exceptions=True)
+    ok = [r for r in results if isinstance(r, dict)]
+    assert len(ok) == 10, results  # all succeed: the losers see only duplicates, so no version check applies
+    assert sorted(r["duplicates"] for r in ok) == [0] + [5] * 9
+    assert len({tuple(r["positions"]) for r in ok}) == 1
+    inner = event("ThingHappened", {"i": "inner"})
+    res = await append(rpc, stream, [inner, inner, batch[0]], expected=5)
+    assert res["duplicates"] == 2 and res["positions"][0] == res["positions"][1]
+    got = await rpc.call("ctx.persist.read_stream", {"streamId": stream})
+    assert [e["data"]["i"] for e in got["events"]] == [0, 1, 2, 3, 4, "inner"]
+    assert len({e["eventId"] for e in got["events"]}) == 6
+
+
+async def test_global_order_is_gap_free_while_many_streams_append(persistence, rpc, stack):
+    """Readers page through read_all while 40 writers append: every page continues the cursor exactly, so a
+    consumer tracking its last position never skips an event that commits later."""
+    import asyncpg
+
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        head = await conn.fetchval("SELECT coalesce(max(position), 0) FROM persistence.events")
+    finally:
+        await conn.close()
+    done = asyncio.Event()
+    pages_with_gaps: list = []
+    seen: list[int] = []
+
+    async def reader() -> None:
+        cursor = head
+        while True:
+            finished = done.is_set()
+            page = await rpc.call("ctx.persist.read_all", {"afterPosition": cursor, "limit": 200})
+            got = [e["position"] for e in page["events"]]
+            if got and got[0] != cursor + 1 or got != sorted(got) or (got and got[-1] - got[0] != len(got) - 1):
+                pages_with_gaps.append((cursor, got[:5]))
+            seen.extend(got)
+            cursor = page["lastPosition"]
+            if finished and not got:
+                return
+
+    async def writer(i: int) -> list[int]:
+        out = []
+        stream = f"test:{new_id()}"
+        for k in range(5):
+            out += (await append(rpc, stream, [event("ThingHappened", {"i": i, "k": k, "pad": "x" * 200})]
+                                 * 1, expected=k))["positions"]
+        return out
+
+    readers = [asyncio.create_task(reader()) for _ in range(3)]
+    written = await asyncio.gather(*(writer(i) for i in range(40)))
+    done.set()
+    await asyncio.wait_for(asyncio.gather(*readers), 60)
+    assert pages_with_gaps == []
+    mine = sorted(p for ps in written for p in ps)
+    assert mine == list(range(mine[0], mine[0] + 200))  # 200 appends, 200 consecutive positions
+    assert set(mine) <= set(seen)
+
+
+async def test_the_trace_of_the_caller_is_stored_with_every_event(persistence, stack):
+    """A span opened by a caller (e.g. the turn runner) continues over NATS into persistence; the stored event
+    metadata carries that trace id, and the relay forwards it to JetStream as a header."""
+    from faststream.nats import NatsBroker
+    from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+    from nats.js.errors import NotFoundError
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    broker = NatsBroker(stack.env["CTX_NATS_URL"], logger=None,
+                        middlewares=[NatsTelemetryMiddleware(tracer_provider=provider)])
+    await broker.connect()
+    try:
+        client = RpcClient(broker, default_timeout=30)
+        type_ = f"Traced{uuid.uuid4().hex[:10]}"
+        stream = f"turn:{new_id()}"
+        with provider.get_tracer("test").start_as_current_span("turn") as span:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            res = await client.call("ctx.persist.append", {"streamId": stream, "expectedVersion": 0, "events": [
+                event(type_, {"n": 1}), event(type_, {"n": 2}, metadata={"causationId": "req-1"})]})
+        got = await client.call("ctx.persist.read_stream", {"streamId": stream})
+        for ev in got["events"]:
+            version, tid, parent_span, _flags = ev["metadata"]["traceparent"].split("-")
+            assert tid == trace_id and version == "00" and len(parent_span) == 16
+        assert got["events"][1]["metadata"]["causationId"] == "req-1"
+
+        js = broker._connection.jetstream()
+        for _ in range(100):
+            try:
+                msg = await js.get_last_msg("CTX_EVENTS", f"ctx.evt.{type_}")
+                break
+            except NotFoundError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("event not relayed")
+        assert msg.headers["traceparent"].split("-")[1] == trace_id
+        assert json.loads(msg.data)["position"] == res["positions"][1]
+    finally:
+        await broker.stop()

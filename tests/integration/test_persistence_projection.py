@@ -1,0 +1,270 @@
+"""The conversation projection on the real service: history read from the projection equals the fold of the
+events, read-your-writes, branches, file references, the fallback when the projection is held back, two
+projectors racing, and the rebuild command (rebuild == live)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import asyncpg
+import pytest
+from ctxbuild_persistence.adapters.db import Database
+from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot
+from ctxbuild_persistence.domain.conversation import history
+from ctxbuild_platform.errors import RemoteError
+
+pytestmark = pytest.mark.integration
+
+SHA = "0f" * 32
+
+
+@pytest.fixture(scope="module")
+def persistence(start_service) -> str:
+    return start_service("persistence")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def event(type_: str, data: dict) -> dict:
+    return {"eventId": new_id(), "type": type_, "data": data}
+
+
+def msg(id_: str, role: str = "user", text: str | None = None, **extra) -> dict:
+    return {"id": id_, "role": role, "parts": [{"type": "text", "text": text or id_}], **extra}
+
+
+async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
+    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
+
+
+async def folded(rpc, cid: str, anchor: str | None = None) -> dict:
+    events = (await rpc.call("ctx.persist.read_stream", {"streamId": f"conversation:{cid}"}))["events"]
+    return history(cid, events, anchor)
+
+
+def same(projected: dict, fold: dict) -> None:
+    assert projected["source"] == "projection"
+    assert {**projected, "source": "-"} == {**fold, "source": "-"}
+
+
+async def caught_up(db_url: str, timeout: float = 15.0) -> int:
+    conn = await asyncpg.connect(db_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            head = await conn.fetchval("SELECT coalesce(max(position), 0) FROM persistence.events")
+            pos = await conn.fetchval("SELECT position FROM persistence.projection_tracking "
+                                      "WHERE name = 'conversation'")
+            if pos >= head:
+                return pos
+            if time.monotonic() > deadline:
+                raise AssertionError(f"projection stuck at {pos}, log at {head}")
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+def run_cli(stack, *args: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "ctxbuild_persistence", *args], capture_output=True, text=True,
+                          env={**os.environ, "CTX_DATABASE_URL": stack.env["CTX_DATABASE_URL"]}, timeout=120,
+                          check=False)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+async def build_tree(rpc, cid: str) -> None:
+    """u1 → a1 (tool call) → t1 (offloaded output) → a2 ; a regenerated a2b beside a2 ; u2 under a2 with a
+    summary; attachments (one repeated handle)."""
+    stream = f"conversation:{cid}"
+    att = {"sha256": SHA, "handle": "notes.txt", "displayName": "notes.txt", "mediaType": "text/plain", "size": 12}
+    uri = "context://vfs/vfs_" + "ab" * 8 + ".txt"
+    await append(rpc, stream, [
+        event("ConversationCreated", {"conversationId": cid, "title": "Tree"}),
+        event("UserMessageAdded", {"message": msg("u1", parentId=None, parts=[
+            {"type": "text", "text": "read this ☃"},
+            {"type": "file", "handle": "notes.txt", "displayName": "notes.txt", "mediaType": "text/plain",
+             "sha256": SHA, "size": 12}])}),
+        event("AttachmentAdded", {"attachment": att}),
+    ], expected=0)
+    await append(rpc, stream, [event("AssistantMessageCompleted", {"turnId": "turn-1", "messages": [
+        {"id": "a1", "role": "assistant", "parentId": "u1",
+         "parts": [{"type": "tool-call", "toolCallId": "k1", "toolName": "fs_read", "input": {"uri": uri}}]},
+        {"id": "t1", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "k1", "toolName": "fs_read",
+                                                "output": {"type": "text", "value": "head…tail"},
+                                                "offload": {"mode": "offloaded", "uri": uri, "totalChars": 9000,
+                                                            "totalLines": 10}}]},
+        {"id": "a2", "role": "assistant", "parts": [{"type": "text", "text": "done"}],
+         "usage": {"inputTokens": 120, "outputTokens": 7}},
+    ]})], expected=3)
+    await append(rpc, stream, [event("AssistantMessageCompleted", {"turnId": "turn-2", "messages": [
+        {"id": "a2b", "role": "assistant", "parentId": "t1", "parts": [{"type": "text", "text": "again"}],
+         "usage": {"inputTokens": 130, "outputTokens": 9}}]})], expected=4)
+    await append(rpc, stream, [
+        event("UserMessageAdded", {"message": msg("u2", parentId="a2")}),
+        event("CompactionSummaryRecorded", {"boundaryId": "u2", "summary": "they read notes"}),
+        event("AttachmentAdded", {"attachment": {**att, "size": 99}}),  # same handle: the first one wins
+    ], expected=5)
+
+
+async def test_history_from_the_projection_equals_the_fold(persistence, rpc, stack):
+    cid = new_id()
+    await build_tree(rpc, cid)
+    h = await rpc.call("ctx.persist.history", {"conversationId": cid, "includeBranches": True})
+    assert [m["id"] for m in h["messages"]] == ["u1", "a1", "t1", "a2", "u2"]
+    assert h["branches"] == {"a2": ["a2", "a2b"]}
+    assert h["lastUsage"] == {"messageId": "a2", "usage": {"inputTokens": 120, "outputTokens": 7}}
+    assert h["summaries"] == [{"boundaryId": "u2", "index": 4}]
+    assert h["persistedUris"] == ["context://vfs/vfs_" + "ab" * 8 + ".txt"]
+    assert h["attachments"][0]["size"] == 12 and h["version"] == 8 and h["title"] == "Tree"
+    fold = await folded(rpc, cid)
+    same({k: v for k, v in h.items() if k != "branches"}, fold)
+    # the stored bytes survive: key order of the message as appended, resolved parentId appended after
+    assert list(h["messages"][3]) == ["id", "role", "parts", "usage", "parentId", "turnId"]
+
+    for anchor in ("a2b", "t1", "u1"):
+        same(await rpc.call("ctx.persist.history", {"conversationId": cid, "anchorId": anchor}),
+             await folded(rpc, cid, anchor))
+    b = await rpc.call("ctx.persist.history", {"conversationId": cid, "anchorId": "a2b", "includeBranches": True})
+    assert [m["id"] for m in b["messages"]] == ["u1", "a1", "t1", "a2b"] and b["branches"] == {"a2b": ["a2", "a2b"]}
+    assert b["lastUsage"]["messageId"] == "a2b" and b["summaries"] == []
+
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        refs = await conn.fetch("SELECT message_id, kind, ref, sha256, tool_call_id FROM persistence.file_references "
+                                "WHERE conversation_id = $1 ORDER BY position, message_id", cid)
+        assert [tuple(r) for r in refs] == [
+            ("u1", "attachment", "notes.txt", SHA, None),
+            ("t1", "tool_output", "context://vfs/vfs_" + "ab" * 8 + ".txt", None, "k1")]
+        siblings = await conn.fetch("SELECT message_id FROM persistence.messages WHERE conversation_id = $1 "
+                                    "AND parent_id = 't1' ORDER BY seq", cid)
+        assert [r[0] for r in siblings] == ["a2", "a2b"]
+    finally:
+        await conn.close()
+
+    for payload in ({"conversationId": new_id()}, {"conversationId": cid, "anchorId": "nope"}):
+        with pytest.raises(RemoteError) as exc:
+            await rpc.call("ctx.persist.history", payload)
+        assert exc.value.code == "not-found"
+
+
+async def test_read_your_writes(persistence, rpc):
+    """Every history right after an append already contains it — from the projection, not by folding."""
+    cid = new_id()
+    stream = f"conversation:{cid}"
+    await append(rpc, stream, [event("ConversationCreated", {"conversationId": cid})], expected=0)
+    version = 1
+    for i in range(25):
+        res = await append(rpc, stream, [event("UserMessageAdded", {"message": msg(f"m{i}")})], expected=version)
+        version = res["toVersion"]
+        # turn streams append in between: the projector must pass them too
+        await append(rpc, f"turn:{new_id()}", [event("TurnStarted", {"turnId": "t", "conversationId": cid,
+                                                                     "userMessageId": f"m{i}"})], expected=0)
+        h = await rpc.call("ctx.persist.history", {"conversationId": cid})
+        assert h["source"] == "projection" and h["version"] == version
+        assert h["messages"][-1]["id"] == f"m{i}" and len(h["messages"]) == i + 1
+
+
+async def test_a_projection_held_back_falls_back_to_folding(persistence, rpc, stack):
+    """With the tracking row locked (a rebuild in progress, a stuck replica), history waits the bounded time
+    and then folds the events: late, never stale."""
+    cid = new_id()
+    stream = f"conversation:{cid}"
+    await append(rpc, stream, [event("UserMessageAdded", {"message": msg("u1")})], expected=0)
+    await caught_up(stack.env["CTX_DATABASE_URL"])
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT 1 FROM persistence.projection_tracking WHERE name = 'conversation' FOR UPDATE")
+        await append(rpc, stream, [event("UserMessageAdded", {"message": msg("u2")})], expected=1)
+        started = time.monotonic()
+        h = await rpc.call("ctx.persist.history", {"conversationId": cid})
+        waited = time.monotonic() - started
+        assert h["source"] == "fold" and [m["id"] for m in h["messages"]] == ["u1", "u2"]
+        assert 1.5 < waited < 10
+        await tx.rollback()
+    finally:
+        await conn.close()
+    h = await rpc.call("ctx.persist.history", {"conversationId": cid})
+    assert h["source"] == "projection" and [m["id"] for m in h["messages"]] == ["u1", "u2"]
+
+
+async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, stack):
+    """A second projector (another replica) runs against the same database while appends stream in: the
+    tracking row serialises them, and the rows equal a rebuild from the events."""
+    url = stack.env["CTX_DATABASE_URL"]
+    db = Database(url, min_size=1, max_size=4)
+    await db.open()
+    other = Projector(db, batch_size=7, batch_bytes=300, poll_interval_s=0.01)  # small batches, cut by bytes too
+    await other.start()
+    try:
+        cids = [new_id() for _ in range(6)]
+
+        async def writer(cid: str) -> None:
+            stream = f"conversation:{cid}"
+            for i in range(15):
+                await append(rpc, stream, [event("UserMessageAdded", {"message": msg(f"m{i}")})], expected=i)
+
+        await asyncio.gather(*(writer(c) for c in cids))
+        await caught_up(url)
+        assert other.events_applied > 0  # it really took part
+        async with db.pool.acquire() as conn:
+            first = await conn.fetchval("SELECT min(position) - 1 FROM persistence.events "
+                                        "WHERE stream_id = $1", f"conversation:{cids[0]}")
+            capped = await read_events(conn, first, 100, max_bytes=1)
+            assert len(capped) == 1 and capped[0].data is not None  # one event at least, then the byte cap
+            assert len(await read_events(conn, first, 100, max_bytes=10_000)) > 1
+        for cid in cids:
+            h = await rpc.call("ctx.persist.history", {"conversationId": cid})
+            same(h, await folded(rpc, cid))
+            assert len(h["messages"]) == 15
+    finally:
+        await other.stop()
+        await db.close()
+    code, report = run_cli(stack, "rebuild-projections", "--verify")
+    assert code == 0 and report["identical"] and report["rolledBack"], report
+
+
+async def test_rebuild_gives_the_same_rows_as_the_live_projection(persistence, rpc, stack):
+    url = stack.env["CTX_DATABASE_URL"]
+    code, report = run_cli(stack, "migrate")  # the service applied them at start-up: nothing left to do
+    assert code == 0 and report == {"applied": []}
+    for _ in range(3):
+        await build_tree(rpc, new_id())
+    position = await caught_up(url)
+    conn = await asyncpg.connect(url)
+    try:
+        live = await snapshot(conn)
+        assert live["messages"] and live["file_references"] and live["compaction_summaries"]
+
+        code, report = run_cli(stack, "rebuild-projections", "--verify")
+        assert code == 0 and report["identical"] and report["differences"] == {}, report
+        assert await snapshot(conn) == live  # a dry run changes nothing
+
+        code, report = run_cli(stack, "rebuild-projections")
+        assert code == 0 and report["identical"] and report["position"] >= position, report
+        rebuilt = await snapshot(conn)
+        assert rebuilt == live
+        assert report["rows"]["messages"] == len(live["messages"])
+
+        # a damaged projection: --verify reports it (exit 1), a rebuild repairs it
+        await conn.execute("DELETE FROM persistence.file_references WHERE ctid IN "
+                           "(SELECT ctid FROM persistence.file_references LIMIT 1)")
+        await conn.execute("UPDATE persistence.messages SET body = '{\"id\":\"x\",\"role\":\"user\",\"parts\":[]}' "
+                           "WHERE ctid IN (SELECT ctid FROM persistence.messages LIMIT 1)")
+        code, report = run_cli(stack, "rebuild-projections", "--verify")
+        assert code == 1 and report["differences"] == {"messages": {"missing": 1, "extra": 1},
+                                                       "file_references": {"missing": 0, "extra": 1}}, report
+        code, report = run_cli(stack, "rebuild-projections")
+        assert code == 0 and not report["identical"]
+        assert await snapshot(conn) == live
+    finally:
+        await conn.close()

@@ -1,0 +1,173 @@
+"""The streaming halves of fs_read/read_file and the seek index (pure): a page served from any split of the
+text, starting at any seek mark, is byte-identical to the page of the whole text (the reference semantics)."""
+
+import random
+
+import pytest
+from ctxbuild_blobstore.domain import (
+    CharPager,
+    Indexer,
+    LinePager,
+    count_lines,
+    fs_read_page,
+    index_bytes,
+    read_file_page,
+    split_lines,
+)
+from ctxbuild_blobstore.domain.fsread import fs_read_error, render_lines, suggested_limit
+from ctxbuild_platform import contracts
+
+
+def reference_fs_read(text: str, offset: int, limit: int, cap: int) -> dict:
+    """fs_read exactly as specified (SPEC §6), on the whole text: the walking skeleton's implementation."""
+    lines = split_lines(text)
+    total = len(lines)
+    if total == 0 and offset == 1:
+        return {"kind": "text", "text": "", "startLine": 1, "endLine": 0, "totalLines": 0,
+                "modelText": "[the file is empty: 0 lines]"}
+    if offset > total:
+        return fs_read_error("offset-out-of-range",
+                             f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
+    page = lines[offset - 1: offset - 1 + limit]
+    end = offset + len(page) - 1
+    body = render_lines(page, offset)
+    if len(body) > cap:
+        if len(page) == 1:
+            return fs_read_error("output-too-large", f"line {offset} alone renders to {len(body)} chars, over the "
+                                                     f"{cap}-char read cap; it cannot be shown by fs_read")
+        return fs_read_error("output-too-large", f"lines {offset}-{end} render to {len(body)} chars, over the "
+                                                 f"{cap}-char read cap; call again with "
+                                                 f"limit={suggested_limit(len(body), len(page), cap)}")
+    model = body
+    if total - end > 0:
+        model += (f"\n\n[showing lines {offset}-{end} of {total}; {total - end} more — "
+                  f"call again with offset={end + 1} to continue]")
+    return {"kind": "text", "text": body, "startLine": offset, "endLine": end, "totalLines": total,
+            "modelText": model}
+
+
+ALPHABET = ["a", "bc", "\n", "\n", "\n\n", "é", "😀", "\t", "x" * 40, "", "𝄞z"]
+
+
+def random_text(rnd: random.Random, n: int) -> str:
+    return "".join(rnd.choice(ALPHABET) for _ in range(rnd.randint(0, n)))
+
+
+def random_split(rnd: random.Random, text: str) -> list[str]:
+    cuts = sorted(rnd.sample(range(len(text) + 1), min(len(text) + 1, rnd.randint(0, 8))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def test_line_pager_matches_the_reference_for_any_split():
+    rnd = random.Random(4)
+    for _ in range(6000):
+        text = random_text(rnd, 80)
+        total = count_lines(text)
+        offset, limit, cap = rnd.randint(1, total + 2), rnd.randint(1, 9), rnd.randint(8, 300)
+        pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=cap)
+        for piece in random_split(rnd, text):
+            if pager.feed(piece):
+                break
+        got = pager.result()
+        assert got == reference_fs_read(text, offset, limit, cap), (text, offset, limit, cap)
+        contracts.validate("subjects/ctx.blob.fs_read.reply.json", got)
+
+
+def test_line_pager_started_at_a_seek_mark_matches_the_reference():
+    rnd = random.Random(5)
+    for _ in range(1500):
+        text = random_text(rnd, 300)
+        data = text.encode()
+        ix = index_bytes(data, stride=16)
+        total = count_lines(text)
+        assert ix.lines == total
+        offset, limit = rnd.randint(1, total + 1), rnd.randint(1, 6)
+        probe = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=10_000)
+        if probe.done:
+            continue
+        first, start = ix.line_marks.floor(offset)
+        end = ix.line_marks.ceil_offset(probe.last + 1)
+        end = len(data) if end is None else end
+        pager = LinePager(first_line=first, offset=offset, limit=limit, total_lines=total, cap=10_000)
+        pager.feed(data[start:end].decode())
+        assert pager.result(at_end=end == len(data)) == reference_fs_read(text, offset, limit, 10_000)
+
+
+def test_char_pager_matches_whole_text_paging_from_any_char_mark():
+    rnd = random.Random(6)
+    for _ in range(1500):
+        text = random_text(rnd, 300)
+        data = text.encode()
+        ix = index_bytes(data, stride=16)
+        assert ix.chars == len(text)
+        offset, limit = rnd.randint(0, len(text) + 1), rnd.randint(1, 40)
+        first, start = ix.char_marks.floor(offset)
+        assert data[:start].decode() == text[:first]  # a mark is a character boundary with its char offset
+        pager = CharPager(first_char=first, offset=offset, limit=limit, total_chars=len(text))
+        for piece in random_split(rnd, data[start:].decode()):
+            if pager.feed(piece):
+                break
+        assert pager.result() == read_file_page(text, offset, limit)
+
+
+def test_read_file_pages_never_split_astral_characters_across_chunk_borders():
+    text = "😀" * 5000 + "é" * 5000 + "𝄞" * 5000
+    data = text.encode()
+    ix = index_bytes(data, stride=1000)  # marks fall at character boundaries even mid-emoji runs
+    assert len(ix.char_marks) > 10
+    pages, offset = [], 0
+    while True:
+        first, start = ix.char_marks.floor(offset)
+        pager = CharPager(first_char=first, offset=offset, limit=777, total_chars=len(text))
+        pager.feed(data[start:].decode())
+        r = pager.result()
+        pages.append(r["text"])
+        if "nextOffset" not in r:
+            break
+        offset = r["nextOffset"]
+    assert "".join(pages) == text
+    assert all(p.encode("utf-8", "strict") for p in pages)
+
+
+@pytest.mark.parametrize(("text", "lines"), [("", 0), ("a", 1), ("a\n", 1), ("a\n\n", 2), ("\n", 1), ("a\nb", 2)])
+def test_index_line_count_follows_fs_read(text, lines):
+    assert index_bytes(text.encode()).lines == lines == len(split_lines(text))
+
+
+def test_index_marks_point_at_line_starts_and_stay_bounded():
+    text = "".join(f"{i:07d} {'y' * (i % 50)}\n" for i in range(40_000))
+    data = text.encode()
+    ix = Indexer(stride=1024, max_marks=64)
+    for i in range(0, len(data), 7777):  # arbitrary feed sizes
+        ix.feed(data[i:i + 7777])
+    res = ix.finish()
+    assert res.lines == 40_000 and res.chars == len(text) and res.size == len(data) and res.is_text
+    assert 2 < len(res.line_marks) <= 64 and len(res.char_marks) <= 64  # thinned, never unbounded
+    for n, off in zip(res.line_marks.keys, res.line_marks.offsets, strict=True):
+        assert off == 0 or data[off - 1] == 0x0A
+        assert data[off:off + 7].decode() == f"{n - 1:07d}"
+
+
+def test_index_detects_binary():
+    assert not index_bytes(b"abc\x00def").is_text  # NUL early: binary, as decode_text says
+    assert not index_bytes(b"ok" * 10 + b"\xff\xfe").is_text  # not UTF-8
+    assert index_bytes(b"a" * 9000 + b"\x00").is_text  # a NUL after the sniffed 8 KB is still text
+    split = "é".encode()
+    ix = Indexer(stride=16)
+    ix.feed(b"x" * 15 + split[:1])
+    ix.feed(split[1:] + b"y")  # a character split across feeds (and windows) is fine
+    r = ix.finish()
+    assert r.is_text and r.chars == 17 and r.lines == 1
+
+
+def test_fs_read_page_of_a_huge_line_is_counted_not_held():
+    pager = LinePager(first_line=1, offset=1, limit=3, total_lines=3, cap=1000)
+    pager.feed("short\n")
+    for _ in range(100):
+        pager.feed("z" * 10_000)  # one 1 MB line, fed in pieces
+    assert pager._cur == [] and pager._kept == []  # nothing held past the cap
+    pager.feed("\nend")
+    r = pager.result()
+    assert r["code"] == "output-too-large"
+    assert r["message"] == ("lines 1-3 render to 1000031 chars, over the 1000-char read cap; call again with limit=1")
+    assert fs_read_page("short\n" + "z" * 1_000_000 + "\nend", limit=3, cap=1000) == r
