@@ -95,13 +95,13 @@ def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float,
     @api.post("/conversations/{conversation_id}/attachments", status_code=201)
     async def upload_attachment(conversation_id: str, file: UploadFile = File(...)) -> dict[str, Any]:
         await conversation_settings(conversation_id)
-        raw = await file.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ServiceError("only UTF-8 text attachments are supported so far", code="unsupported-media") from exc
+        async def pieces():
+            # streamed to the blob store in chunks: an attachment of any size in bounded memory
+            while piece := await file.read(256 * 1024):
+                yield piece
+
         media = file.content_type or "text/plain"
-        stored = await backends.attach(conversation_id, file.filename or "attachment.txt", text, media)
+        stored = await backends.attach(conversation_id, file.filename or "attachment.txt", pieces(), media)
         attachment = {k: stored[k] for k in ("sha256", "handle", "displayName", "mediaType", "size", "uri")}
         await backends.append(f"conversation:{conversation_id}",
                               [new_event("AttachmentAdded", {"attachment": attachment})])

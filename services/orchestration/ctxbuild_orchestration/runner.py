@@ -111,8 +111,8 @@ class TurnRunner:
             turn_messages.append(a_msg)
             parent = a_msg["id"]
             if not response.tool_calls:
-                await self.backends.append(f"conversation:{conversation_id}", [new_event(
-                    "AssistantMessageCompleted", {"turnId": turn_id, "messages": turn_messages})])
+                await self.backends.complete_turn(conversation_id, turn_id, turn_messages,
+                                                  cs.get("truncateThreshold"))
                 await ts.emit("TurnCompleted", {"turnId": turn_id, "steps": step,
                                                 "messageIds": [m["id"] for m in turn_messages]})
                 return

@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ctxbuild_blobclient import BlobClient
+from ctxbuild_blobclient.chunks import Content
 from ctxbuild_platform.rpc import RpcClient
 
 
@@ -18,6 +20,7 @@ def new_event(type_: str, data: dict[str, Any], **metadata: Any) -> dict[str, An
 class Backends:
     def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0) -> None:
         self.rpc = rpc
+        self.blobs = BlobClient(rpc)  # claim check: attachments of any size, bounded memory
         self.tool_timeout_s = tool_timeout_s
 
     # persistence
@@ -30,6 +33,13 @@ class Backends:
         if limit:
             req["limit"] = limit
         return await self.rpc.call("ctx.persist.read_stream", req)
+
+    async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
+                            truncate_threshold: int | None) -> dict:
+        """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes."""
+        return await self.rpc.call("ctx.persist.complete_turn", {
+            "conversationId": conversation_id, "turnId": turn_id, "eventId": str(uuid.uuid4()),
+            "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}, timeout=120)
 
     async def history(self, conversation_id: str) -> dict:
         return await self.rpc.call("ctx.persist.history", {"conversationId": conversation_id})
@@ -46,10 +56,8 @@ class Backends:
                                                          "settings": settings, "parts": parts}, timeout=60)
 
     # blob store
-    async def attach(self, conversation_id: str, display_name: str, content: str, media_type: str) -> dict:
-        return await self.rpc.call("ctx.blob.attach", {"conversationId": conversation_id,
-                                                       "displayName": display_name, "content": content,
-                                                       "mediaType": media_type})
+    async def attach(self, conversation_id: str, display_name: str, content: Content, media_type: str) -> dict:
+        return await self.blobs.attach(content, conversation_id, display_name, media_type)
 
     async def fs_read(self, conversation_id: str, turn_id: str, args: dict[str, Any]) -> dict:
         return await self.rpc.call("ctx.blob.fs_read", {"conversationId": conversation_id, "turnId": turn_id,
