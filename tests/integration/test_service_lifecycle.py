@@ -59,3 +59,70 @@ async def test_sigterm_drains_in_flight_requests_then_exits(stack, start_service
         if proc.poll() is None:
             proc.kill()
         start_service("truncation")
+
+
+class LateProxy:
+    """A TCP forwarder to a real server that starts listening only when asked (a dependency coming up late)."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port, self.target = port, target
+        self.server: asyncio.base_events.Server | None = None
+        self.conns: set[asyncio.StreamWriter] = set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(*self.target)
+        self.conns |= {writer, up_w}
+        await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        self.server.close()
+        for w in self.conns:
+            w.close()
+        await self.server.wait_closed()
+
+
+async def test_startup_waits_for_a_late_dependency_and_readiness_follows_it(stack):
+    """A dependency that is not up yet is retried (not a crash); one lost later flips readiness, not liveness."""
+    s3 = stack.env["CTX_S3_ENDPOINT"].removeprefix("http://").split(":")
+    proxy = LateProxy(free_port(), (s3[0], int(s3[1])))
+    port = free_port()
+    env = {**os.environ, **stack.service_env("blobstore"), "CTX_HTTP_PORT": str(port),
+           "CTX_S3_ENDPOINT": f"http://127.0.0.1:{proxy.port}", "CTX_S3_TIMEOUT_S": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ctxbuild_blobstore"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await asyncio.sleep(3)
+        assert proc.poll() is None, "start-up gave up instead of retrying"
+        await proxy.start()
+        await asyncio.to_thread(_wait_ready, f"{base}/readyz", proc, 60)
+        await proxy.stop()
+        async with httpx.AsyncClient(timeout=10) as http:
+            for _ in range(50):
+                if (await http.get(f"{base}/readyz")).status_code == 503:
+                    break
+                await asyncio.sleep(0.2)
+            ready = await http.get(f"{base}/readyz")
+            assert ready.status_code == 503 and "s3" in ready.json()["failing"]
+            assert (await http.get(f"{base}/healthz")).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out = proc.communicate(timeout=20)[0].decode()
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0].decode()
+    assert "startup-retry" in out

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
@@ -76,6 +77,21 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
             return AsgiResponse(body, 503, headers={"content-type": "application/json"})
         return AsgiResponse(b'{"status":"ready"}', 200, headers={"content-type": "application/json"})
 
+    def patient(step: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+        """Start-up steps that need a dependency retry with backoff (the usual cluster start order race)
+        instead of exiting at the first refusal; after `startup_timeout_s` the process exits and the
+        orchestrator restarts it."""
+        async def run() -> Any:
+            async for attempt in AsyncRetrying(
+                    stop=stop_after_delay(settings.startup_timeout_s),
+                    wait=wait_exponential_jitter(initial=0.2, max=5), reraise=True):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        log.warning("startup-retry", step=getattr(step, "__name__", "step"),
+                                    attempt=attempt.retry_state.attempt_number)
+                    return await step()
+        return run
+
     async def started() -> None:
         state["started"] = True
         log.info("service-started", http_port=settings.http_port)
@@ -83,7 +99,7 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
     return AsgiFastStream(
         broker,
         asgi_routes=[("/healthz", healthz), ("/readyz", readyz), *extra_routes],
-        on_startup=list(on_startup),
+        on_startup=[patient(step) for step in on_startup],
         after_startup=[*after_startup, started],
         on_shutdown=list(on_shutdown),
         # after the broker drained: the place to close pools in-flight handlers still use

@@ -18,4 +18,5 @@ class ServiceSettings(BaseSettings):
         None, description="OTLP/HTTP traces endpoint; unset = spans are created but not exported")
     drain_timeout_s: float = Field(10.0, description="SIGTERM: time to finish in-flight requests")
     max_workers: int = Field(16, description="concurrent handlers per subscriber")
+    startup_timeout_s: float = Field(60.0, description="how long start-up waits for its dependencies")
     request_timeout_s: float = Field(10.0, description="default timeout for requests to other services")
