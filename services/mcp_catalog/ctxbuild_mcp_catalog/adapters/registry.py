@@ -11,62 +11,32 @@ fail with ``unavailable``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
-import psycopg
 import structlog
+from ctxbuild_platform import migrations
 from ctxbuild_platform.errors import DependencyUnavailable
-from yoyo import get_backend, read_migrations
 
 from ..settings import McpServerConfig
 
 SCHEMA = "mcp_catalog"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-_LOCK_KEY = 0x6D63705F63617431  # "mcp_cat1"
+_LOCK_KEY = 0x6D63705F63617431  # "mcp_cat1": replicas seed the registry one at a time
 log = structlog.get_logger("mcp_registry")
 
 
-def yoyo_url(database_url: str, schema: str = SCHEMA) -> str:
-    parts = urlsplit(database_url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "schema"] + [("schema", schema)]
-    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), parts.fragment))
-
-
 def plain_url(database_url: str) -> str:
-    parts = urlsplit(database_url)
-    return urlunsplit(("postgresql", *parts[1:]))
-
-
-def apply_migrations_sync(database_url: str, connect_timeout: float = 10.0) -> list[str]:
-    with psycopg.connect(plain_url(database_url), autocommit=True,
-                         connect_timeout=max(1, int(connect_timeout))) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
-        try:
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-            backend = get_backend(yoyo_url(database_url))
-            try:
-                todo = backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))
-                backend.apply_migrations(todo)
-                return [m.id for m in todo]
-            finally:
-                backend.connection.close()
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    return migrations.plain_url(database_url)
 
 
 async def apply_migrations(database_url: str, connect_timeout: float = 10.0) -> list[str]:
-    try:
-        return await asyncio.to_thread(apply_migrations_sync, database_url, connect_timeout)
-    except psycopg.OperationalError as exc:
-        raise DependencyUnavailable(f"postgres: cannot migrate: {exc}") from exc
+    return await migrations.apply_migrations(database_url, SCHEMA, MIGRATIONS_DIR, connect_timeout)
 
 
 def seed_hash(cfg: McpServerConfig) -> str:

@@ -5,64 +5,33 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
-import psycopg
 import structlog
+from ctxbuild_platform import migrations
 
 SCHEMA = "persistence"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
-MIGRATION_LOCK = 0x6374785F6D696772  # 'ctx_migr': serializes schema creation + migrations across replicas
 
 log = structlog.get_logger("db")
 
 
-def _split(url: str):
-    parts = urlsplit(url)
-    scheme = parts.scheme.split("+", 1)[0]
-    if scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"not a PostgreSQL URL: scheme {parts.scheme!r}")
-    return parts
-
-
 def asyncpg_dsn(url: str) -> str:
     """``postgresql[+driver]://…`` → the plain form asyncpg understands."""
-    parts = _split(url)
-    return urlunsplit(("postgresql", *parts[1:]))
+    return migrations.plain_url(url)
 
 
 def psycopg_dsn(url: str) -> str:
-    return asyncpg_dsn(url)
+    return migrations.plain_url(url)
 
 
 def yoyo_url(url: str, schema: str = SCHEMA) -> str:
-    """yoyo's form: ``postgresql+psycopg://…?schema=<schema>`` (its bookkeeping tables live in our schema)."""
-    parts = _split(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "schema"] + [("schema", schema)]
-    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, urlencode(query), parts.fragment))
+    return migrations.yoyo_url(url, schema)
 
 
 def migrate(url: str, *, migrations_dir: Path = MIGRATIONS_DIR) -> list[str]:
     """Create the schema and apply pending migrations (blocking; run in a thread). Returns the applied ids."""
-    from yoyo import get_backend, read_migrations
-
-    with psycopg.connect(psycopg_dsn(url), autocommit=True) as guard:
-        # session-level lock: replicas starting together migrate one after the other
-        guard.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
-        try:
-            guard.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-            backend = get_backend(yoyo_url(url))
-            try:
-                migrations = read_migrations(str(migrations_dir))
-                with backend.lock():
-                    pending = backend.to_apply(migrations)
-                    backend.apply_migrations(pending)
-                return [m.id for m in pending]
-            finally:
-                backend.connection.close()
-        finally:
-            guard.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+    return migrations.apply_migrations_sync(url, SCHEMA, migrations_dir)
 
 
 async def wait_for_postgres(url: str, timeout: float) -> None:
