@@ -4,15 +4,14 @@ previous assistant turn, at most 4 cache_control breakpoints, tool input schemas
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.support.server import ThreadedServer
 
 
 def wire_errors(body: dict[str, Any]) -> list[str]:
@@ -40,28 +39,14 @@ def wire_errors(body: dict[str, Any]) -> list[str]:
     return errors
 
 
-class FakeAnthropic:
+class FakeAnthropic(ThreadedServer):
     def __init__(self, port: int) -> None:
-        self.port = port
         self.requests: list[dict[str, Any]] = []
-        app = Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])]), port)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> FakeAnthropic:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
 
     async def messages(self, request: Request) -> JSONResponse:
         body = await request.json()

@@ -8,40 +8,26 @@ Every request body is recorded so tests can check exactly what went over the wir
 from __future__ import annotations
 
 import re
-import threading
 import time
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tests.support.server import ThreadedServer
 
-class FakeOpenAI:
+
+class FakeOpenAI(ThreadedServer):
     def __init__(self, port: int) -> None:
-        self.port = port
         self.requests: list[dict[str, Any]] = []
         self.fail_next: int | None = None  # HTTP status to answer the next request with
-        app = Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])])
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])]), port)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> FakeOpenAI:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
 
     def decide(self, body: dict[str, Any]) -> dict[str, Any]:
         msgs = body["messages"]
