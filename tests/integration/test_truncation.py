@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 
 import pytest
@@ -59,8 +62,8 @@ async def test_large_output_offloaded_and_readable_in_full(services, rpc):
     assert part["output"] == {"type": "text", "value": marker(BIG)}
     assert part["offload"] == {"mode": "offloaded", "uri": uri, "sha256": sha256_hex(BIG), "totalChars": len(BIG),
                                "totalLines": 1000, "threshold": 4_800}
-    assert reply["trimmed"] == [{"toolCallId": "call-1", "mode": "offloaded", "uri": uri,
-                                 "totalChars": len(BIG), "totalLines": 1000}]
+    assert reply["trimmed"] == [{"toolCallId": "call-1", "mode": "offloaded", "key": "", "uri": uri,
+                                 "sha256": sha256_hex(BIG), "totalChars": len(BIG), "totalLines": 1000}]
     assert fs_read_part["output"]["value"] == BIG and "offload" not in fs_read_part  # not truncatable in flight
 
     assert await read_back(rpc, conversation_id, uri) == BIG
@@ -87,7 +90,7 @@ async def test_blobstore_down_falls_back_to_inline(services, rpc, stack, start_s
     part = reply["parts"][0]
     assert part["output"] == {"type": "text", "value": inline_truncate(text)}
     assert part["offload"] == {"mode": "inline", "totalChars": len(text), "totalLines": 1000, "threshold": 4_800}
-    assert reply["trimmed"] == [{"toolCallId": "call-1", "mode": "inline", "totalChars": len(text),
+    assert reply["trimmed"] == [{"toolCallId": "call-1", "mode": "inline", "key": "", "totalChars": len(text),
                                  "totalLines": 1000}]
 
 
@@ -108,3 +111,59 @@ async def test_web_results_offloaded_per_entity_and_each_readable(services, rpc)
     assert [t["uri"] for t in reply["trimmed"]] == [vfs_uri(sha256_hex(BIG)), vfs_uri(sha256_hex(BIG[::-1]))]
     assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG))) == BIG
     assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG[::-1]))) == BIG[::-1]
+
+
+async def test_effective_tool_name_and_mcp_content_through_the_service(services, rpc):
+    conversation_id, turn_id = f"conv-{uuid.uuid4()}", f"turn-{uuid.uuid4()}"
+    web = [{"id": "Rk2m9Qa1-1", "title": "Inner search", "url": "https://a.example/", "content": BIG + "inner"}]
+    parts = [
+        # a web search run through the deferral meta-tool: the inner tool's policy (entities) applies
+        {"type": "tool-result", "toolCallId": "c1", "toolName": "tool_invoke", "effectiveToolName": "web_search",
+         "output": {"type": "json", "value": web}},
+        # fs_read through tool_invoke: never truncated in flight, however large
+        {"type": "tool-result", "toolCallId": "c2", "toolName": "tool_invoke", "effectiveToolName": "fs_read",
+         "output": {"type": "text", "value": BIG}},
+        # MCP content blocks: the opaque lane joins the text blocks (images are not text)
+        {"type": "tool-result", "toolCallId": "c3", "toolName": "mcp__docs__read_0123456789abcdef0123",
+         "output": {"type": "content", "value": [{"type": "text", "text": BIG + "mcp"},
+                                                 {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}],
+                    "metadata": {"server": "docs"}}},
+    ]
+    reply = await rpc.call("ctx.truncate.step", {"conversationId": conversation_id, "turnId": turn_id,
+                                                 "settings": {"contextWindow": 16_000}, "parts": parts})
+    inner, echo, mcp = reply["parts"]
+    assert inner["output"] == {"type": "json", "value": [{**web[0], "content": marker(BIG + "inner")}]}
+    assert inner["offload"]["blobs"] == [{"key": "/0/content", "uri": vfs_uri(sha256_hex(BIG + "inner")),
+                                          "sha256": sha256_hex(BIG + "inner"), "totalChars": len(BIG) + 5,
+                                          "totalLines": 1000}]
+    assert echo == parts[1]
+    assert mcp["output"] == {"type": "text", "value": marker(BIG + "mcp")}
+    assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG + "mcp"))) == BIG + "mcp"
+
+
+async def test_blob_store_timeout_means_inline_and_full_entities(services, rpc, stack):
+    """The blob store stops answering (SIGSTOP): each put times out (CTX_BLOB_PUT_TIMEOUT_S, 5 s) — the opaque
+    output falls back to the inline excerpt, the entity keeps its full text; the step still answers."""
+    conversation_id, turn_id = f"conv-{uuid.uuid4()}", f"turn-{uuid.uuid4()}"
+    text = BIG.replace("abc", "tmo")
+    web = [{"id": "Tm0utXyz-1", "title": "Slow", "url": "https://slow.example/", "content": text + "web"}]
+    pid = stack.procs["blobstore"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        reply = await rpc.call("ctx.truncate.step", {
+            "conversationId": conversation_id, "turnId": turn_id, "settings": {"contextWindow": 16_000},
+            "parts": [{"type": "tool-result", "toolCallId": "c1", "toolName": "bash",
+                       "output": {"type": "text", "value": text}},
+                      {"type": "tool-result", "toolCallId": "c2", "toolName": "web_fetch",
+                       "output": {"type": "json", "value": web}}]}, timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    opaque, entities = reply["parts"]
+    assert opaque["output"] == {"type": "text", "value": inline_truncate(text)}
+    assert opaque["offload"]["mode"] == "inline"
+    assert entities["output"] == {"type": "json", "value": web} and "offload" not in entities
+    assert reply["trimmed"] == [{"toolCallId": "c1", "mode": "inline", "key": "", "totalChars": len(text),
+                                 "totalLines": 1000}]
+    assert 4.5 < elapsed < 15

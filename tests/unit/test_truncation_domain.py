@@ -72,8 +72,9 @@ def test_marker_output_literal_small_threshold():
     assert out["offload"] == {"mode": "offloaded", "uri": "context://vfs/vfs_da8ec8a5d8b75edc.txt",
                               "sha256": sha256_hex(LINES), "totalChars": 3000, "totalLines": 301,
                               "threshold": THRESHOLD}
-    assert res.trimmed == [{"toolCallId": "call-1", "mode": "offloaded",
-                            "uri": "context://vfs/vfs_da8ec8a5d8b75edc.txt", "totalChars": 3000, "totalLines": 301}]
+    assert res.trimmed == [{"toolCallId": "call-1", "mode": "offloaded", "key": "",
+                            "uri": "context://vfs/vfs_da8ec8a5d8b75edc.txt", "sha256": sha256_hex(LINES),
+                            "totalChars": 3000, "totalLines": 301}]
 
 
 def test_same_text_renders_same_bytes_and_is_one_blob():
@@ -92,8 +93,16 @@ def test_web_results_trimmed_per_entity_with_one_reply_record_per_blob():
     assert out["type"] == "json"
     assert [(r["id"], r["title"], r["url"]) for r in out["value"]] == [(r["id"], r["title"], r["url"]) for r in value]
     assert out["value"][0]["content"] == marker(LINES) and out["value"][1]["content"] == "short"
-    assert [(t["toolCallId"], t["mode"], t["uri"]) for t in res.trimmed] == [
-        ("call-1", "offloaded", vfs_uri(sha256_hex(LINES))), ("call-1", "offloaded", vfs_uri(sha256_hex(LINES + "more")))]
+    assert [(t["toolCallId"], t["key"], t["mode"], t["uri"]) for t in res.trimmed] == [
+        ("call-1", "/0/content", "offloaded", vfs_uri(sha256_hex(LINES))),
+        ("call-1", "/2/content", "offloaded", vfs_uri(sha256_hex(LINES + "more")))]
+    # the part's typed provenance names every per-entity blob
+    assert res.parts[0]["offload"] == {
+        "mode": "offloaded", "totalChars": 3000 + 3004, "totalLines": 301 + 301, "threshold": THRESHOLD,
+        "blobs": [{"key": "/0/content", "uri": vfs_uri(sha256_hex(LINES)), "sha256": sha256_hex(LINES),
+                   "totalChars": 3000, "totalLines": 301},
+                  {"key": "/2/content", "uri": vfs_uri(sha256_hex(LINES + "more")),
+                   "sha256": sha256_hex(LINES + "more"), "totalChars": 3004, "totalLines": 301}]}
 
 
 def test_error_outputs_keep_their_error_flag():
@@ -125,7 +134,8 @@ def test_failed_put_falls_back_to_inline():
     assert res.parts[0]["output"] == {"type": "text", "value": inline_truncate(LINES)}
     assert res.parts[0]["offload"] == {"mode": "inline", "totalChars": 3000, "totalLines": 301,
                                        "threshold": THRESHOLD}
-    assert res.trimmed == [{"toolCallId": "call-1", "mode": "inline", "totalChars": 3000, "totalLines": 301}]
+    assert res.trimmed == [{"toolCallId": "call-1", "mode": "inline", "key": "", "totalChars": 3000,
+                            "totalLines": 301}]
 
 
 def test_put_for_other_bytes_is_treated_as_failure():
@@ -146,3 +156,79 @@ def test_order_and_untouched_parts_preserved():
     assert res.parts[0] == parts[0] and res.parts[2] == parts[2]
     assert [t["toolCallId"] for t in res.trimmed] == ["b", "d"]
     assert "offload" not in parts[1]  # inputs are not mutated
+
+
+# ---------- entities lane per blob, effectiveToolName, partial failures ----------
+
+def entities(*contents):
+    return [{"id": f"Zq81nB0x-{i + 1}", "title": f"Title {i}", "url": f"https://e{i}.example/p?q=1", "content": c}
+            for i, c in enumerate(contents)]
+
+
+def test_tool_invoke_uses_the_inner_tools_policy():
+    value = entities(LINES, "tiny")
+    inner_web = result({"type": "json", "value": value}, name="tool_invoke", effective="web_search")
+    _, res = run([inner_web])
+    out = res.parts[0]["output"]
+    assert out["type"] == "json" and out["value"][0]["content"] == marker(LINES) and out["value"][1] == value[1]
+    assert [b["key"] for b in res.parts[0]["offload"]["blobs"]] == ["/0/content"]
+    # the outer name alone would have taken the opaque lane (one marker over the compact JSON)
+    outer_only = result({"type": "json", "value": value}, name="tool_invoke")
+    _, res = run([outer_only])
+    assert res.parts[0]["output"]["type"] == "text" and res.parts[0]["offload"]["uri"]
+
+
+def test_failed_entity_write_keeps_that_entitys_full_text():
+    value = entities(LINES, LINES + "b", LINES + "c")
+    part = result({"type": "json", "value": value}, name="kb_search")
+    plan = plan_step([part], THRESHOLD)
+    failing = sha256_hex(LINES + "b")
+    written = written_from(plan.blobs, [None if b.sha256 == failing else stored(b.text) for b in plan.blobs])
+    res = apply_step([part], plan, written)
+    shown = res.parts[0]["output"]["value"]
+    assert [e["content"] for e in shown] == [marker(LINES), LINES + "b", marker(LINES + "c")]
+    assert [(e["id"], e["url"], e["title"]) for e in shown] == [(e["id"], e["url"], e["title"]) for e in value]
+    assert [b["key"] for b in res.parts[0]["offload"]["blobs"]] == ["/0/content", "/2/content"]
+    assert [t["key"] for t in res.trimmed] == ["/0/content", "/2/content"]  # a kept entity changed nothing
+    # every write failed: the part is served exactly as it came
+    plan = plan_step([part], THRESHOLD)
+    res = apply_step([part], plan, written_from(plan.blobs, [None] * len(plan.blobs)))
+    assert res.parts == [part] and res.trimmed == []
+
+
+def test_entities_shape_mismatch_takes_the_opaque_lane():
+    not_entities = result({"type": "json", "value": {"results": entities(LINES)}}, name="web_fetch")
+    _, res = run([not_entities])
+    assert res.parts[0]["output"]["type"] == "text" and res.parts[0]["offload"]["sha256"]
+    assert "blobs" not in res.parts[0]["offload"]
+
+
+def test_text_field_codec_names_its_blob():
+    echo = result({"type": "json", "value": {"kind": "text", "text": LINES, "totalChars": 3000}}, name="read_file")
+    _, res = run([echo])
+    out = res.parts[0]["output"]
+    assert out == {"type": "json", "value": {"kind": "text", "text": marker(LINES), "totalChars": 3000}}
+    assert res.parts[0]["offload"]["blobs"] == [{"key": "/text", "uri": vfs_uri(sha256_hex(LINES)),
+                                                 "sha256": sha256_hex(LINES), "totalChars": 3000, "totalLines": 301}]
+
+
+def test_mcp_content_and_error_json_through_the_opaque_lane():
+    content = result({"type": "content", "value": [{"type": "text", "text": LINES},
+                                                   {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+                                                   {"type": "text", "text": "tail block"}],
+                      "metadata": {"server": "x"}}, name="mcp__srv__tool_0123")
+    _, res = run([content])
+    assert res.parts[0]["output"] == {"type": "text", "value": marker(LINES + "\ntail block")}
+
+
+def test_offload_provenance_and_reply_rows_are_contract_valid():
+    from ctxbuild_platform import contracts
+
+    parts = [result({"type": "json", "value": entities(LINES, "x")}, name="web_search", call_id="a"),
+             result({"type": "text", "value": LINES}, call_id="b")]
+    _, res = run(parts)
+    contracts.validate("subjects/ctx.truncate.step.reply.json",
+                       {"parts": res.parts, "threshold": THRESHOLD, "trimmed": res.trimmed})
+    # old offload records (no blobs) keep validating
+    contracts.validate("model/offload.json", {"mode": "offloaded", "totalChars": 1, "totalLines": 1})
+    contracts.validate("model/offload.json", {"mode": "inline", "totalChars": 9, "totalLines": 2, "threshold": 2000})

@@ -2,28 +2,54 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
-from ctxbuild_platform.rpc import RpcClient, rpc
+from ctxbuild_blobclient import BlobClient
+from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
 
 from .adapters.blobstore import BlobStore
-from .handlers import truncate_step
+from .handlers import SUBJECT, Limits, StepHandler
 from .settings import Settings
 
 QUEUE = "truncation"
+DESCRIPTION = "In-flight lane for one step's tool results: trim oversized outputs, offload the full text."
+
+
+async def _raw(message: NatsMessage) -> bytes:
+    """Decoder: the body stays bytes here; the handler parses it (on a CPU thread when it is large)."""
+    return message.body
+
+
+def subscribe(broker: NatsBroker, handler: StepHandler, max_workers: int) -> None:
+    """`ctx.truncate.step`, queue group `truncation` (contracts are checked by the handler, as `rpc` does)."""
+
+    @broker.subscriber(SUBJECT, queue=QUEUE, max_workers=max_workers, title=SUBJECT, description=DESCRIPTION,
+                       decoder=_raw)
+    async def step(message: NatsMessage) -> bytes:
+        return await handler.handle(message.body)
 
 
 def build(settings: Settings):  # -> the ASGI app
+    if settings.gil_switch_interval_s > 0:
+        sys.setswitchinterval(settings.gil_switch_interval_s)
     broker = make_broker(settings)
-    blobs = BlobStore(RpcClient(broker, settings.request_timeout_s), settings.blob_put_timeout_s)
+    client = BlobClient(RpcClient(broker, settings.request_timeout_s), idle_timeout_s=settings.blob_idle_timeout_s,
+                        timeout_s=settings.request_timeout_s)
+    store = BlobStore(client, settings.blob_put_timeout_s, settings.blob_put_timeout_per_mib_s)
+    executor = ThreadPoolExecutor(max_workers=max(1, settings.cpu_threads), thread_name_prefix="truncation-cpu")
+    handler = StepHandler(store, executor, limits=Limits(settings.put_concurrency, settings.claim_inline_max_bytes),
+                          loop_max_bytes=settings.loop_max_bytes, loop_max_parts=settings.loop_max_parts,
+                          max_claims=settings.max_claims)
+    subscribe(broker, handler, settings.max_workers)
 
-    @rpc(broker, "ctx.truncate.step", queue=QUEUE, max_workers=settings.max_workers)
-    async def step(payload: dict[str, Any]) -> dict[str, Any]:
-        """In-flight lane for one step's tool results: trim oversized outputs, offload the full text."""
-        return await truncate_step(payload, blobs)
+    async def stop_threads() -> None:
+        executor.shutdown(wait=True, cancel_futures=False)
 
-    return make_app(settings, broker)
+    return make_app(settings, broker, after_shutdown=[stop_threads])
 
 
 def create_app(settings: Settings | None = None):
