@@ -37,6 +37,12 @@ async def test_demo_runs_through_every_service(demo, all_services):
     assert third.startswith("folded ")
     before, after = (int(x.replace(",", "")) for x in third.removeprefix("folded ").split("→"))
     assert before > 12_800 and after < 12_800 // 2
+    # in-loop compaction folds turn 2 between steps, so no request goes over the trigger any more
+    assert summary["trigger"] == 12_800 and summary["requestsOverTrigger"] == 0
+    assert summary["maxInputTokens"] <= 12_800
+    assert summary["inLoopFolds"] and all(turn == 2 and label.startswith("folded ")
+                                          for turn, _, label in summary["inLoopFolds"])
+    assert "in-loop: folded " in printed and ">trigger" not in printed
 
     async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
         hist = (await http.get(f"/v1/conversations/{summary['conversationId']}/messages")).json()
@@ -91,9 +97,11 @@ async def test_every_payload_on_nats_matches_its_contract(demo):
         except (InvalidPayload, KeyError) as exc:
             violations.append(f"{subject}: {exc}")
     assert violations == []
-    for subject in ("ctx.blob.attach", "ctx.blob.read_file", "ctx.blob.fs_read", "ctx.blob.put",
+    # the HTTP edge streams an upload to the blob store (claim check: ctx.blob.upload); small ones go inline
+    assert seen.get("ctx.blob.attach", 0) + seen.get("ctx.blob.upload", 0) > 0, "no attachment traffic"
+    for subject in ("ctx.blob.read_file", "ctx.blob.fs_read", "ctx.blob.put",
                     "ctx.truncate.step", "ctx.persist.append", "ctx.persist.read_stream", "ctx.persist.history",
-                    "ctx.compact.turn_start", "ctx.mcp.resolve", "ctx.mcp.invoke"):
+                    "ctx.compact.turn_start", "ctx.compact.in_loop", "ctx.mcp.resolve", "ctx.mcp.invoke"):
         assert seen.get(subject, 0) > 0, f"no traffic seen on {subject}"
     assert sum(1 for _, _, inbox in tap.requests if inbox in tap.replies) > 50
     assert len(tap.events) > 50

@@ -1,10 +1,12 @@
-"""ctx.compact.turn_start against the real persistence service: real events in, a real decision out."""
+"""ctx.compact.turn_start / ctx.compact.in_loop against the real persistence service: real events in, a real
+decision out, the summary stored once as an event and served to every later turn."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
+from ctxbuild_compaction.domain import CONTINUE, PREAMBLE, split_stored
 from ctxbuild_platform.errors import RemoteError
 
 pytestmark = pytest.mark.integration
@@ -79,24 +81,43 @@ async def test_small_window_compacts_large_window_serves(services, rpc):
     summary = small["messages"][0]
     assert summary["role"] == "user"
     body = summary["parts"][0]["text"]
-    assert "- User: Please review the attached report. [attached: report.pdf]" in body
-    assert "[called tools: web_search]" in body
+    assert "- User: Please review the attached report." in body and "[attached: report.pdf]" in body
+    assert f"[called: web_search(q=report) → archived at {URI}]" in body
     assert body.endswith("[Files attached in this conversation remain readable in full via the read_file tool: "
                          "report.pdf]\n\n[Tool output archived from this conversation remains readable in full "
                          f"via the fs_read tool at: {URI}]")
+    assert d["stored"] is True and d["summarizer"] == "extractive"
     # finding #2: the attachment's message is folded, the attachment stays readable
     assert small["retained"] == {"fileAttachments": [{"sha256": SHA, "handle": "report.pdf",
                                                       "displayName": "report.pdf"}],
                                  "persistedUris": [URI]}
 
+    # write once, serve many: the next turn serves the stored summary (no fold, no second event), same bytes
     again = await rpc.call("ctx.compact.turn_start", {"conversationId": cid, "settings": {"contextWindow": 4_000}})
-    assert again["messages"][0] == summary  # deterministic bytes
+    assert again["decision"]["status"] == "serve" and "stored" not in again["decision"]
+    assert again["messages"] == small["messages"]
+    events = (await rpc.call("ctx.persist.read_stream", {"streamId": f"conversation:{cid}"}))["events"]
+    recorded = [e["data"] for e in events if e["type"] == "CompactionSummaryRecorded"]
+    assert len(recorded) == 1 and recorded[0]["boundaryId"] == "a2" and recorded[0]["foldedCount"] == 4
+    # stored with the row's attachment and archive lines: every later turn rebuilds the same bytes from it
+    assert body == f"{PREAMBLE}\n\n{split_stored(recorded[0]['summary'])[0]}\n\n{CONTINUE}" + \
+        split_stored(recorded[0]["summary"])[1]
 
+    # a later attachment: the summary row's bytes do not change, the attachment is retained
+    await append(rpc, cid, ("AttachmentAdded", {"attachment": {
+        "sha256": "d" * 64, "handle": "late.csv", "displayName": "late.csv", "mediaType": "text/csv", "size": 9}}))
+    later = await rpc.call("ctx.compact.turn_start", {"conversationId": cid, "settings": {"contextWindow": 200_000}})
+    assert later["decision"]["status"] == "serve" and later["messages"][0] == summary
+    assert [a["handle"] for a in later["retained"]["fileAttachments"]] == ["report.pdf", "late.csv"]
+    assert [m["id"] for m in later["messages"]] == ["compaction:a2", "u2", "a3", "u3"]
+
+
+async def test_large_window_serves_the_whole_path(services, rpc):
+    cid = await seed_conversation(rpc)
     large = await rpc.call("ctx.compact.turn_start",
                            {"conversationId": cid, "settings": {"contextWindow": 200_000, "reservation": 8_000}})
     assert large["decision"]["status"] == "serve" and large["decision"]["reason"] == "under-trigger"
     assert [m["id"] for m in large["messages"]] == ["u1", "a1", "t1", "a2", "u2", "a3", "u3"]
-    assert large["retained"] == small["retained"]
 
 
 async def test_anchor_off_and_window_settings(services, rpc):
@@ -126,3 +147,48 @@ async def test_unknown_conversation_is_a_typed_error(services, rpc):
     with pytest.raises(RemoteError) as err:
         await rpc.call("ctx.compact.turn_start", {"conversationId": f"conv-{uuid.uuid4()}"})
     assert err.value.code == "not-found" and err.value.retryable is False
+
+
+# ---------- in loop ----------
+
+def page_turn(turn_id: str, steps: int) -> list[dict]:
+    msgs = [{"id": "u9", "role": "user", "parts": text("Read the log page by page.")}]
+    for i in range(1, steps + 1):
+        msgs += [{"id": f"a{i}", "role": "assistant", "turnId": turn_id, "parts": [
+                     {"type": "tool-call", "toolCallId": f"c{i}", "toolName": "read_file", "input": {"page": i}}]},
+                 {"id": f"t{i}", "role": "tool", "turnId": turn_id, "parts": [
+                     {"type": "tool-result", "toolCallId": f"c{i}", "toolName": "read_file",
+                      "output": {"type": "text", "value": f"page {i} " + filler(700)}}]}]
+    return msgs
+
+
+async def test_in_loop_fold_checkpoint_and_read_back(services, rpc):
+    cid, turn = f"conv-{uuid.uuid4()}", f"turn-{uuid.uuid4()}"
+    msgs = page_turn(turn, 8)
+    base = {"conversationId": cid, "turnId": turn, "step": 9, "fixedTokens": 200, "settings": {"contextWindow": 5_000}}
+    small = await rpc.call("ctx.compact.in_loop", {**base, "messages": msgs[:5], "checkpoint": None})
+    assert small["decision"]["status"] == "serve" and small["decision"]["summarizerCalls"] == 0
+    assert small["checkpointChanged"] is False and small["messages"] == msgs[:5]
+
+    folded = await rpc.call("ctx.compact.in_loop", {**base, "messages": msgs, "checkpoint": None})
+    d, ck = folded["decision"], folded["checkpoint"]
+    assert d["status"] == "compacted" and folded["checkpointChanged"] and d["postTokens"] <= d["trigger"]
+    assert ck["consumedCount"] == d["consumedCount"] > 0
+    assert folded["messages"][0]["id"] == f"compaction:{msgs[ck['consumedCount'] - 1]['id']}"
+
+    # the runner records the checkpoint on the turn stream; a replica resuming the turn reads it back
+    await rpc.call("ctx.persist.append", {"streamId": f"turn:{turn}", "expectedVersion": 0, "events": [
+        {"eventId": str(uuid.uuid4()), "type": "TurnStarted", "data": {"turnId": turn, "conversationId": cid, "userMessageId": "u9"}},
+        {"eventId": str(uuid.uuid4()), "type": "InLoopFoldRecorded", "data": {"turnId": turn, **ck, "step": 9}}]})
+    resumed = await rpc.call("ctx.compact.in_loop", {**base, "messages": msgs})
+    assert resumed["decision"]["checkpointReadBack"] is True and resumed["decision"]["status"] == "serve"
+    assert resumed["messages"] == folded["messages"] and resumed["checkpoint"] == ck
+
+    # only the unconsumed messages travel once the caller holds the checkpoint
+    tail = await rpc.call("ctx.compact.in_loop", {**base, "offset": ck["consumedCount"],
+                                                  "messages": msgs[ck["consumedCount"]:], "checkpoint": ck})
+    assert tail["messages"] == folded["messages"]
+    with pytest.raises(RemoteError) as err:
+        await rpc.call("ctx.compact.in_loop", {**base, "offset": ck["consumedCount"] + 1,
+                                               "messages": msgs[ck["consumedCount"] + 1:], "checkpoint": ck})
+    assert err.value.code == "invalid-payload"

@@ -12,16 +12,21 @@ from ctxbuild_compaction.domain import (
     estimate_tokens,
     extractive_summary,
     finish,
-    gist,
     keep_start,
     max_messages_window,
     persisted_uris,
     plan_turn_start,
+    split_stored,
     splits_tool_pair,
+    stored_summary_row,
+    stored_text,
     summary_row,
     summary_row_text,
 )
-from ctxbuild_compaction.handlers import extractive
+
+
+def extractive(fold):
+    return extractive_summary(fold.previous_summary, fold.input_rows(), fold.max_chars)
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -212,12 +217,16 @@ def test_summary_row_text_literal():
 def test_compacted_summary_row_is_extractive_and_lists_folded_attachment():
     reply = run(history(long_history(), [REPORT]))
     text = reply["messages"][0]["parts"][0]["text"]
-    assert text == summary_row_text(
-        "Earlier messages:\n"
-        "- User: Please review the attached report. [attached: report.pdf]\n"
-        "- Assistant: Searching the web for context. [called tools: web_search]\n"
-        "- Assistant: The report looks consistent with public data.",
-        ["report.pdf"], [])
+    summary = text.split("\n\n")[1]
+    lines = summary.splitlines()
+    assert lines[0] == "Earlier messages:"
+    assert lines[1].startswith("- User: Please review the attached report.") and lines[1].endswith(
+        " [attached: report.pdf]")
+    assert lines[2].startswith("- Assistant: Searching the web for context.")
+    assert lines[2].endswith(' [called: web_search(q=x) → 6,000 chars]')
+    assert lines[3].startswith("- Assistant: The report looks consistent with public data.")
+    assert len(lines) == 4 and all(len(ln) <= 300 + 60 for ln in lines)
+    assert text == summary_row_text(summary, ["report.pdf"], [])
 
 
 def test_attachment_retained_when_its_message_is_folded():
@@ -232,21 +241,47 @@ def test_attachment_retained_when_its_message_is_folded():
 
 
 def test_summary_row_bytes_depend_only_on_the_boundary():
+    """The row is fixed when the summary is made and stored with it; a later attachment never changes it."""
     rows = long_history()
-    first = run(history(rows, [REPORT]))
-    # a later attachment in the conversation's list (no row changes)
+    plan = plan_turn_start(history(rows, [REPORT]), W)
+    plan = finish(plan, extractive(plan.fold))
+    first = plan.reply()
+    assert plan.summary_text.endswith("\n\n[Files attached in this conversation remain readable in full via the "
+                                      "read_file tool: report.pdf]")
+    # stored at its boundary (what persistence serves back as compactionSummary)
+    stored = [{**r, "compactionSummary": plan.summary_text} if r["id"] == "a2" else r for r in rows]
     later_file = {**REPORT, "sha256": SHA_B, "handle": "late.csv", "displayName": "late.csv"}
-    second = run(history(rows, [REPORT, later_file]))
+    second = run(history(stored, [REPORT, later_file]), TurnStartSettings(context_window=100_000))
+    assert second["decision"]["status"] == "serve"
     assert second["messages"][0] == first["messages"][0]
     assert [a["handle"] for a in second["retained"]["fileAttachments"]] == ["report.pdf", "late.csv"]
-    # a later attachment on a kept row: the file costs tokens, so widen the window until the boundary is a2 again
-    rows2 = [*rows[:-1], user("u3", rows[-1]["parts"][0]["text"], ("late.csv", SHA_B))]
-    third = run(history(rows2, [REPORT, later_file]), TurnStartSettings(context_window=5_560))
-    assert third["decision"]["status"] == "compacted"
-    assert third["decision"]["boundaryId"] == first["decision"]["boundaryId"] == "a2"
+    # a later attachment on a kept row: still the same bytes
+    rows2 = [*stored[:-1], user("u3", rows[-1]["parts"][0]["text"], ("late.csv", SHA_B))]
+    third = run(history(rows2, [REPORT, later_file]), TurnStartSettings(context_window=100_000))
     assert third["messages"][0] == first["messages"][0]
     assert "late.csv" not in third["messages"][0]["parts"][0]["text"]
     assert [a["handle"] for a in third["retained"]["fileAttachments"]] == ["report.pdf", "late.csv"]
+
+
+def test_attachment_without_a_file_part_is_named_by_the_summary_row():
+    """Finding #2: an attachment uploaded on its own (no file part on any row) is still named by the row."""
+    rows = [{**r, "parts": [p for p in r["parts"] if p["type"] != "file"]} for r in long_history()]
+    loose = {**REPORT, "handle": "service.log", "displayName": "service.log", "mediaType": "text/plain"}
+    reply = run(history(rows, [loose]))
+    assert reply["decision"]["status"] == "compacted"
+    # (the only archived output, t2, is on a kept row: no archive line)
+    assert reply["messages"][0]["parts"][0]["text"].endswith(
+        "[Files attached in this conversation remain readable in full via the read_file tool: service.log]")
+
+
+def test_stored_summary_trailer_round_trip():
+    text = stored_text("- the summary\n\nwith two paragraphs", ["a.txt", "b, c.csv"], [URI])
+    assert split_stored(text) == ("- the summary\n\nwith two paragraphs", text[len("- the summary\n\nwith two "
+                                                                                  "paragraphs"):])
+    assert stored_summary_row("a2", text) == summary_row("a2", "- the summary\n\nwith two paragraphs",
+                                                         ["a.txt", "b, c.csv"], [URI])
+    assert split_stored("plain summary") == ("plain summary", None)
+    assert stored_summary_row("a2", "plain", ["x"], []) == summary_row("a2", "plain", ["x"], [])
 
 
 def test_stored_summary_is_served_and_refolded_as_previous_summary():
@@ -265,7 +300,7 @@ def test_stored_summary_is_served_and_refolded_as_previous_summary():
     assert d["status"] == "compacted" and d["boundaryId"] != "a2"
     summary = tight["messages"][0]["parts"][0]["text"]
     assert "Summary of the conversation before that:\n- User: asked for a review." in summary
-    assert "- User: Now check the numbers in section two." in summary
+    assert "- User: Now check the numbers in section two" in summary
     assert f"fs_read tool at: {URI}]" in summary
 
 
@@ -317,9 +352,7 @@ def test_persisted_uris_from_typed_provenance_only():
 
 # ---------- extractive summarizer ----------
 
-def test_gist_and_cap():
-    assert gist("\n\n  First sentence here is long enough. Second one.\nmore") == "First sentence here is long enough."
-    assert len(gist("x" * 500)) == 200 and gist("x" * 500).endswith("…")
+def test_extractive_caps_and_omits_oldest_first():
     rows = [user(f"u{i}", f"Question number {i} about the topic at hand.") for i in range(200)]
     s = extractive_summary(None, rows, max_chars=1_000)
     assert len(s) <= 1_000 + 60 and "earlier messages omitted" in s

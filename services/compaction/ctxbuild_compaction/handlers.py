@@ -1,46 +1,200 @@
-"""`ctx.compact.turn_start`: history (I/O) → plan (pure) → summarizer → finish (pure)."""
+"""`ctx.compact.turn_start` and `ctx.compact.in_loop`: I/O around the pure domain.
+
+turn_start: history (I/O) → plan (pure) → summarizer (I/O) → finish (pure) → store the summary once as a
+CompactionSummaryRecorded event at its boundary (write once, serve many).
+in_loop: checkpoint (from the request, else read back from the turn stream) → plan (pure) → summarizer only when
+the candidate is over the trigger → finish (pure). The caller — the turn stream's only writer — records the new
+checkpoint (InLoopFoldRecorded) and the decision (CompactionDecided).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
 from ctxbuild_platform import telemetry
+from ctxbuild_platform.errors import InvalidPayload, RemoteError
 
-from .domain import FoldRequest, TurnStartSettings, extractive_summary, finish, plan_turn_start
+from .domain import (
+    Checkpoint,
+    CheckpointMismatch,
+    InLoopSettings,
+    TurnStartSettings,
+    finish,
+    finish_in_loop,
+    plan_in_loop,
+    plan_turn_start,
+)
+from .summarizers import (
+    ExtractiveSummarizer,
+    LlmSummarizer,
+    MaskingSummarizer,
+    PutText,
+    Summarizer,
+    fold_with_fallback,
+)
 
 log = structlog.get_logger("compaction")
-
-Summarizer = Callable[[FoldRequest], str]
 
 
 class HistoryPort(Protocol):
     async def history(self, conversation_id: str, anchor_id: str | None = None) -> dict[str, Any]: ...
 
+    async def store_summary(self, conversation_id: str, data: dict[str, Any]) -> bool: ...
 
-def extractive(fold: FoldRequest) -> str:
-    return extractive_summary(fold.previous_summary, fold.rows, fold.max_chars)
+    async def last_fold(self, turn_id: str) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class Choice:
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    note: str | None = None   # e.g. llm-unavailable
+
+
+class Summarizers:
+    """Which summarizer a request gets: ``settings.summarizer`` of the request, else the service default.
+
+    ``llm`` needs a model endpoint (``provider_for(kind, model)``); without one the offline ``extractive`` is
+    used and the decision says ``llm-unavailable``. Masking is every other summarizer's fallback.
+    """
+
+    def __init__(self, default: str = "extractive", *, put: PutText | None = None, provider_for=None,
+                 summarizer_provider: str | None = None, summarizer_model: str | None = None,
+                 summarizer_window: int | None = None) -> None:
+        self.default = default
+        self.provider_for = provider_for
+        self.summarizer_provider = summarizer_provider
+        self.summarizer_model = summarizer_model
+        self.summarizer_window = summarizer_window
+        self.extractive = ExtractiveSummarizer()
+        self.masking = MaskingSummarizer(put)
+
+    def pick(self, settings: dict[str, Any] | None) -> Choice:
+        s = settings or {}
+        kind = s.get("summarizer") or self.default
+        if kind == "masking":
+            return Choice(self.masking, None)
+        if kind == "llm":
+            provider_kind = self.summarizer_provider or s.get("provider")
+            model = s.get("summarizerModel") or self.summarizer_model or s.get("model")
+            provider = self.provider_for(provider_kind, model) if self.provider_for and model else None
+            if provider is not None:
+                window = s.get("summarizerWindow") or self.summarizer_window
+                return Choice(LlmSummarizer(provider, model, window=window, chat_window=s.get("contextWindow")),
+                              self.masking)
+            return Choice(self.extractive, self.masking, "llm-unavailable")
+        return Choice(self.extractive, self.masking)
+
+
+def _as_summarizers(s: Summarizers | Summarizer | None) -> Summarizers:
+    if s is None:
+        return Summarizers()
+    if isinstance(s, Summarizers):
+        return s
+    out = Summarizers()
+    out.pick = lambda _settings: Choice(s, out.masking)  # type: ignore[method-assign]
+    return out
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def turn_start(payload: dict[str, Any], history: HistoryPort,
-                     summarizer: Summarizer = extractive) -> dict[str, Any]:
+                     summarizers: Summarizers | Summarizer | None = None) -> dict[str, Any]:
     conversation_id = payload["conversationId"]
+    turn_id = payload.get("turnId")
+    started, t0 = _now(), time.monotonic()
+    pick = _as_summarizers(summarizers)
     with telemetry.span("compaction.turn_start", **{"ctx.conversation_id": conversation_id}) as span:
         hist = await history.history(conversation_id, payload.get("anchorId"))
-        plan = plan_turn_start(hist, TurnStartSettings.from_payload(payload.get("settings")))
+        settings = payload.get("settings") or {}
+        plan = plan_turn_start(hist, TurnStartSettings.from_payload(settings))
+        extra: dict[str, Any] = {}
         if plan.fold is not None:
-            try:
-                summary = summarizer(plan.fold)
-            except Exception as exc:  # noqa: BLE001 - a summarizer failure never fails the turn: serve as is
-                log.warning("summarizer-failed", conversation_id=conversation_id, error=repr(exc)[:300])
-                plan = finish(plan, None, error=repr(exc))
-            else:
-                plan = finish(plan, summary)
-        d = plan.decision
+            choice = pick.pick(settings)
+            if choice.note:
+                extra["note"] = choice.note
+            outcome = await fold_with_fallback(choice.summarizer, replace(plan.fold, turn_id=turn_id),
+                                               choice.fallback)
+            plan = finish(plan, outcome)
+            if plan.decision["status"] == "compacted" and outcome.summary:
+                plan, extra["stored"] = await _store_once(plan, outcome, hist, history, payload)
+        d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
+             "durationMs": int((time.monotonic() - t0) * 1000)}
+        plan = replace(plan, decision=d)
         span.set_attribute("ctx.compaction.status", d["status"])
         span.set_attribute("ctx.compaction.estimated_tokens", d["estimatedTokens"])
         log.info("turn-start-decision", conversation_id=conversation_id, status=d["status"], reason=d["reason"],
                  estimated_tokens=d["estimatedTokens"], post_tokens=d.get("postTokens"),
-                 folded=d.get("foldedCount"), boundary_id=d.get("boundaryId"))
+                 folded=d.get("foldedCount"), boundary_id=d.get("boundaryId"), summarizer=d.get("summarizer"))
         return plan.reply()
+
+
+async def _store_once(plan, outcome, hist, history: HistoryPort, payload: dict[str, Any]):
+    """Store the summary as an event at its boundary. When another turn stored one for the same boundary first,
+    serve that one (the first summary per boundary wins; byte-stable for every later turn)."""
+    cid = payload["conversationId"]
+    d = plan.decision
+    data = {"boundaryId": d["boundaryId"], "summary": plan.summary_text, "turnId": payload.get("turnId"),
+            "foldedCount": d.get("foldedCount"), "summarizer": outcome.summarizer}
+    try:
+        stored = await history.store_summary(cid, data)
+    except RemoteError as exc:
+        # served anyway; the next turn folds again (nothing is lost, the summary is just not reused)
+        log.warning("summary-not-stored", conversation_id=cid, error=str(exc)[:300])
+        return plan, False
+    if stored:
+        return plan, True
+    again = await history.history(cid, payload.get("anchorId"))
+    replan = plan_turn_start(again, TurnStartSettings.from_payload(payload.get("settings")))
+    if replan.fold is None and replan.messages and replan.messages[0].get("id") == plan.messages[0].get("id"):
+        return replace(plan, messages=replan.messages,
+                       decision={**d, "postTokens": replan.decision["estimatedTokens"], "reused": True}), False
+    return plan, False
+
+
+async def in_loop(payload: dict[str, Any], history: HistoryPort,
+                  summarizers: Summarizers | Summarizer | None = None) -> dict[str, Any]:
+    turn_id = payload.get("turnId")
+    started, t0 = _now(), time.monotonic()
+    pick = _as_summarizers(summarizers)
+    with telemetry.span("compaction.in_loop", **{"ctx.turn_id": turn_id or "", "ctx.step": payload.get("step", 0)}) \
+            as span:
+        raw_ck = payload.get("checkpoint")
+        read_back = False
+        if "checkpoint" not in payload and turn_id:  # absent (not null): a resumed turn, read it back
+            try:
+                raw_ck = await history.last_fold(turn_id)
+            except RemoteError as exc:  # cannot read it back: start from scratch (folds again, loses nothing)
+                log.warning("checkpoint-read-failed", turn_id=turn_id, error=str(exc)[:300])
+            read_back = raw_ck is not None
+        ck = Checkpoint.from_payload(raw_ck)
+        settings = payload.get("settings") or {}
+        try:
+            plan = plan_in_loop(payload.get("messages") or [], int(payload.get("offset") or 0), ck,
+                                InLoopSettings.from_payload(payload), turn_id=turn_id,
+                                conversation_id=payload["conversationId"], step=payload.get("step"),
+                                retained=payload.get("retained"))
+        except CheckpointMismatch as exc:
+            raise InvalidPayload(str(exc)) from exc
+        changed = False
+        extra: dict[str, Any] = {"checkpointReadBack": read_back}
+        if plan.fold is not None:
+            choice = pick.pick(settings)
+            if choice.note:
+                extra["note"] = choice.note
+            outcome = await fold_with_fallback(choice.summarizer, plan.fold, choice.fallback)
+            plan, changed = finish_in_loop(plan, outcome)
+        d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
+             "durationMs": int((time.monotonic() - t0) * 1000)}
+        span.set_attribute("ctx.compaction.status", d["status"])
+        if plan.decision["status"] != "serve":
+            log.info("in-loop-decision", turn_id=turn_id, step=payload.get("step"), status=d["status"],
+                     reason=d["reason"], estimated_tokens=d["estimatedTokens"], post_tokens=d.get("postTokens"),
+                     folded=d.get("foldedCount"), summarizer=d.get("summarizer"), fallback=d.get("fallback"))
+        return replace(plan, decision=d).reply(changed)

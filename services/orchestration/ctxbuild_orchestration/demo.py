@@ -2,8 +2,10 @@
 
 A conversation gets a generated 20-page service log as an attachment; under a 16k-token window a replayed
 agent reads it with read_file page by page (each page is trimmed in flight and its full text offloaded to the
-blob store), reads one archived page back with fs_read, asks an MCP tool for the time, and answers. A third
-turn starts over the compaction trigger. Everything goes through the real HTTP edge, NATS, Postgres and S3.
+blob store), reads the archived page with the anomaly back with fs_read, asks an MCP tool for the time, and
+answers. When a turn's requests grow past the compaction trigger, in-loop compaction folds the older steps
+between two steps (memoised: later steps reuse the fold), so no request exceeds the trigger. A third turn starts
+over the trigger and is folded at turn start. Everything goes through the real HTTP edge, NATS, Postgres and S3.
 """
 
 from __future__ import annotations
@@ -70,15 +72,39 @@ def turns(log_text: str) -> list[tuple[str, list[dict[str, Any]]]]:
      [*read_pages(1, 10),
       {"text": "Pages 1–10 are steady GET traffic across four routes with latencies between 2 and 119 ms."}]),
     ("Now read the second half. Is there anything unusual? Check the exact line and tell me the time.",
-     [*read_pages(11, 20),
-      # the excerpt of page {page} hides its middle; read the archived full page back around the anomaly
-      {"toolCalls": [{"toolName": "fs_read", "input": {"uri": f"{{{{offload_uri:{page}}}}}",
+     [*read_pages(11, page),
+      # the excerpt of page {page} hides its middle: read the archived full page back around the anomaly right
+      # away (the newest archived output; in-loop compaction may fold the page out of the request later — its
+      # URI then stays listed in the summary row)
+      {"toolCalls": [{"toolName": "fs_read", "input": {"uri": "{{last_offload_uri}}",
                                                        "offset": max(1, line - 2), "limit": 5}}]},
+      *read_pages(page + 1, 20),
       {"toolCalls": [{"toolName": "mcp:time/get_current_time", "input": {"timezone": "UTC"}}]},
       {"text": f"One anomaly on page {page}: an ERROR from sensor-3, temperature_c=21.1 over the 20.0 threshold."}]),
     ("Summarise everything we found so far in one sentence.",
      [{"text": "Steady API traffic, plus one sensor alert (temperature 21.1 °C over a 20.0 threshold)."}]),
     ]
+
+
+def compaction_by_step(events: list[dict[str, Any]]) -> dict[int, list[tuple[str, str]]]:
+    """(phase, label) of the compaction decisions recorded before each step of a turn: the turn-start decision
+    before step 1, an in-loop fold before the step it applies to."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    pending: list[tuple[str, str]] = []
+    for e in events:
+        d = e["data"]
+        if e["type"] == "CompactionDecided":
+            if d.get("status") == "done" and d.get("preTokens") is not None:
+                label = f"folded {d['preTokens']:,}→{d.get('postTokens') or 0:,}"
+            else:
+                label = d["status"] + (f": {d['reason']}" if d.get("reason") else "")
+            if d.get("fallback"):
+                label += f" ({d['fallback']} fallback)"
+            pending.append((d.get("phase", "turn-start"), label))
+        elif e["type"] == "StepServed":
+            out[d["step"]] = pending
+            pending = []
+    return out
 
 
 def _env_url(stack_dir: Path) -> str:
@@ -119,8 +145,13 @@ def run_demo(base_url: str, out: Console = console, model: str | None = None) ->
             if terminal is None or terminal[0] != "TurnCompleted":
                 raise RuntimeError(f"turn {n} did not complete: {terminal}")
             events = http.get(f"/v1/conversations/{cid}/turns/{turn['turnId']}").json()["events"]
+            decided = compaction_by_step(events)
             for row in step_rows(events):
-                rows.append({"turn": n, **row})
+                labels = decided.get(row["step"], [])
+                rows.append({"turn": n, **row,
+                             "turnStart": next((lb for ph, lb in labels if ph == "turn-start"), None),
+                             "inLoop": [lb for ph, lb in labels if ph == "in-loop"],
+                             "compaction": "; ".join(f"{ph}: {lb}" for ph, lb in labels) or "-"})
             out.print(f"turn {n} completed in {time.monotonic() - t0:.1f}s ({terminal[1]['steps']} steps)")
     trigger = compaction_budget(WINDOW).trigger
     table = Table(title=f"ctxbuild offline demo — one row per model call (window {WINDOW:,}, "
@@ -132,8 +163,8 @@ def run_demo(base_url: str, out: Console = console, model: str | None = None) ->
         tools = ", ".join("mcp:" + t.split("__")[2].rsplit("_", 1)[0] if t.startswith("mcp__") else t
                           for t in r["tools"]) or "—"
         tokens = r["inputTokens"] if r["inputTokens"] is not None else r["servedTokens"]
-        # in-loop compaction (between steps of one turn) is not built yet: show where it would fold
-        flag = " [yellow]>trigger[/yellow]" if tokens > trigger else ""
+        # in-loop compaction folds between steps, so no request should be over the trigger: flag any that is
+        flag = " [red]>trigger[/red]" if tokens > trigger else ""
         table.add_row(str(r["turn"]), str(r["step"]), tools, f"{tokens:,}{flag}", str(r["trimmed"]),
                       str(r["offloaded"]), r["compaction"], r["requestHash"])
     out.print(table)
@@ -145,9 +176,16 @@ def run_demo(base_url: str, out: Console = console, model: str | None = None) ->
         "outputsTrimmed": sum(r["trimmed"] for r in rows),
         "blobsWritten": sum(r["offloaded"] for r in rows),
         "attachmentChars": len(log_text),
-        "turnStartCompaction": [r["compaction"] for r in rows if r["step"] == 1],
+        "turnStartCompaction": [r["turnStart"] or "-" for r in rows if r["step"] == 1],
+        "inLoopFolds": [(r["turn"], r["step"], lb) for r in rows for lb in r["inLoop"]],
+        "trigger": trigger,
+        "requestsOverTrigger": sum(1 for r in rows
+                                   if (r["inputTokens"] if r["inputTokens"] is not None else r["servedTokens"])
+                                   > trigger),
     }
-    out.print(f"largest request: {summary['maxInputTokens']:,} tokens for a {WINDOW:,}-token window; "
+    out.print(f"largest request: {summary['maxInputTokens']:,} tokens for a {WINDOW:,}-token window "
+              f"(trigger {trigger:,}; {len(summary['inLoopFolds'])} in-loop fold(s), "
+              f"{summary['requestsOverTrigger']} request(s) over the trigger); "
               f"{summary['outputsTrimmed']} outputs trimmed, {summary['blobsWritten']} full texts offloaded "
               "and readable with fs_read.")
     if not model:

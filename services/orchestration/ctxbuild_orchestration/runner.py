@@ -1,4 +1,5 @@
-"""The turn runner: turn-start compaction → tools → step loop (provider → tools → truncation) → persist.
+"""The turn runner: turn-start compaction → tools → step loop (in-loop compaction → provider → tools →
+truncation) → persist.
 
 Every step leaves events on the turn's stream `turn:<id>` (appended with expected versions: the runner is the
 stream's only writer, so a second writer is a typed conflict, not a silent interleave). The conversation
@@ -8,14 +9,15 @@ stream receives the turn's messages once, at the end (AssistantMessageCompleted)
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
 import structlog
-from ctxbuild_codec.tokens import count_messages
+from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.telemetry import span
-from ctxbuild_providers import ModelRequest, Provider, ProviderError
+from ctxbuild_providers import ModelRequest, Provider, ProviderError, ReplayProvider, ToolSpec
 
 from .adapters.backends import Backends, new_event
 from .domain.steps import assistant_message, tool_message, tool_result
@@ -43,6 +45,38 @@ class TurnStream:
     async def emit(self, type_: str, data: dict[str, Any]) -> None:
         reply = await self.backends.append(self.stream, [new_event(type_, data)], expected=self.version)
         self.version = reply["toVersion"]
+
+
+COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
+SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
+
+
+def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
+    """Tokens every request carries besides its messages (the system prompt and the tool definitions)."""
+    return count_text(system) + count_text(json.dumps([t.as_dict() for t in tools], ensure_ascii=False))
+
+
+def progress(phase: str, turn_id: str, d: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+    """CompactionDecided from a compaction decision (SPEC §8.10): a fold that happened is "done"; anything else
+    is "skipped" with its reason (and the fallback that was served, if any)."""
+    data = {"turnId": turn_id, "phase": phase, "status": "done" if d["status"] == "compacted" else "skipped",
+            "reason": d.get("reason"), "preTokens": d.get("estimatedTokens"), "postTokens": d.get("postTokens"),
+            "trigger": d.get("trigger"), "foldedCount": d.get("foldedCount")}
+    for key in ("startedAt", "completedAt", "durationMs", "summarizer", "fallback", "boundaryId", "consumedCount",
+                "summarizerCalls", "summarizerInputTokens", "foldInput"):
+        if d.get(key) is not None:
+            data[key] = d[key]
+    if step is not None:
+        data["step"] = step
+    return data
+
+
+def pin_replay_step(provider: Provider, step: int) -> None:
+    """A replay script is indexed by the model calls of the turn, which ReplayProvider counts from the messages
+    (assistant rows after the last user row). Once in-loop compaction folded rows of this turn into a summary
+    row that count is wrong, so the runner — which knows the step — tells it."""
+    if isinstance(provider, ReplayProvider):
+        provider._step_index = lambda _messages, k=step - 1: k  # type: ignore[method-assign]
 
 
 class TurnRunner:
@@ -79,15 +113,14 @@ class TurnRunner:
     async def _run(self, conversation_id: str, turn_id: str, user_message_id: str, provider: Provider,
                    cs: dict[str, Any], ts: TurnStream) -> None:
         window = {"contextWindow": cs.get("contextWindow"), "reservation": cs.get("reservation")}
+        compaction = {**window, "compressEnabled": cs.get("compressEnabled", True),
+                      **{k: cs[k] for k in SUMMARIZER_SETTINGS if cs.get(k) is not None},
+                      "provider": getattr(provider, "name", None), "model": getattr(provider, "model", None)}
         with span("compaction.turn_start"):
-            start = await self.backends.turn_start(conversation_id, {
-                **window, "compressEnabled": cs.get("compressEnabled", True), "maxMessages": cs.get("maxMessages")})
-        d = start["decision"]
-        # progress statuses (SPEC §8.10): a fold that happened is "done"; serving as is is "skipped" + why
-        await ts.emit("CompactionDecided", {
-            "turnId": turn_id, "phase": "turn-start", "status": "done" if d["status"] == "compacted" else "skipped",
-            "reason": d.get("reason"), "preTokens": d.get("estimatedTokens"), "postTokens": d.get("postTokens"),
-            "trigger": d.get("trigger"), "foldedCount": d.get("foldedCount")})
+            start = await self.backends.rpc.call("ctx.compact.turn_start", {
+                "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
+                "settings": {**compaction, "maxMessages": cs.get("maxMessages")}}, timeout=COMPACTION_TIMEOUT_S)
+        await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]))
         served: list[dict[str, Any]] = start["messages"]
         mcp_tools: list[dict[str, Any]] = []
         if cs.get("mcpMode", "manual") != "disabled":
@@ -99,9 +132,15 @@ class TurnRunner:
         parent = user_message_id
         trunc_settings = {"truncateThreshold": cs.get("truncateThreshold"), **window}
 
+        fixed = fixed_tokens(SYSTEM_PROMPT, tools)
+        checkpoint: dict[str, Any] | None = None  # the in-loop fold memo (SPEC §9); None = nothing folded yet
+
         for step in range(1, self.max_steps + 1):
-            messages = served + turn_messages
+            with span("compaction.in_loop", **{"ctx.step": step}):
+                messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
+                                                           checkpoint, start["retained"], fixed, compaction, ts)
             request = ModelRequest(model=self.model, system=SYSTEM_PROMPT, messages=messages, tools=tools)
+            pin_replay_step(provider, step)
             with span("provider.call", **{"ctx.step": step}):
                 response = await provider.complete(request)
             await ts.emit("StepServed", {"turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
@@ -141,6 +180,31 @@ class TurnRunner:
             parent = t_msg["id"]
         await ts.emit("TurnFailed", {"turnId": turn_id, "code": "step-limit",
                                      "message": f"the turn needed more than {self.max_steps} model calls"})
+
+    async def _in_loop(self, conversation_id: str, turn_id: str, step: int, full: list[dict[str, Any]],
+                       checkpoint: dict[str, Any] | None, retained: dict[str, Any], fixed: int,
+                       settings: dict[str, Any], ts: TurnStream) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """What step ``step`` serves: ctx.compact.in_loop on the turn's candidate (only the messages the
+        checkpoint has not consumed travel). A new checkpoint is made durable here — the runner is the turn
+        stream's only writer — as InLoopFoldRecorded, and every fold (or failed fold) as CompactionDecided."""
+        offset = checkpoint["consumedCount"] if checkpoint else 0
+        try:
+            reply = await self.backends.rpc.call("ctx.compact.in_loop", {
+                "conversationId": conversation_id, "turnId": turn_id, "step": step, "offset": offset,
+                "messages": full[offset:], "checkpoint": checkpoint, "retained": retained, "fixedTokens": fixed,
+                "settings": settings}, timeout=COMPACTION_TIMEOUT_S)
+        except RemoteError as exc:
+            # compaction unavailable: serve the candidate as the last checkpoint has it (nothing is lost)
+            log.warning("in-loop-compaction-unavailable", turn_id=turn_id, step=step, error=str(exc))
+            prefix = checkpoint["compactedPrefix"] if checkpoint else []
+            return [*prefix, *full[offset:]], checkpoint
+        new = reply["checkpoint"]
+        if reply["checkpointChanged"]:
+            await ts.emit("InLoopFoldRecorded", {"turnId": turn_id, **new, "step": step})
+        d = reply["decision"]
+        if d["status"] != "serve":
+            await ts.emit("CompactionDecided", progress("in-loop", turn_id, d, step))
+        return reply["messages"], new
 
     async def _execute(self, conversation_id: str, turn_id: str, call: dict[str, Any],
                        mcp_by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Token estimate of a history (SPEC §2.4, §8.6): trust the provider's usage for the prefix it covers."""
+"""Token estimates (SPEC §2.4, §8.6): trust the provider's usage for the prefix it covers, estimate the rest."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from ctxbuild_codec.tokens import count_messages
 
 def estimate_tokens(rows: Sequence[dict[str, Any]]) -> int:
     """The last assistant row with usage: inputTokens + outputTokens, plus an estimate of the rows after it;
-    no such row → estimate every row."""
+    no such row → estimate every row.
+
+    The usage is the size of the request that produced that row. When that request was smaller than the rows
+    served now (the turn was compacted in-loop, so its usage covers a shorter prefix), the local estimate of all
+    rows is larger and wins: the estimate never falls below what the shared tokenizer counts.
+    """
+    counted = count_messages(list(rows))
     for i in range(len(rows) - 1, -1, -1):
         row = rows[i]
         usage = row.get("usage")
         if row.get("role") == "assistant" and usage:
-            return int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0)) + count_messages(
+            by_usage = int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0)) + count_messages(
                 list(rows[i + 1:]))
-    return count_messages(list(rows))
+            return max(by_usage, counted)
+    return counted

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxbuild_codec import compaction_budget
+from ctxbuild_codec import compaction_budget, envelopes
 from ctxbuild_codec.budgets import CompactionBudget
 from ctxbuild_codec.tokens import count_message, count_messages
 
@@ -24,7 +24,8 @@ from .context import (
     retained_context,
 )
 from .estimate import estimate_tokens
-from .summary_row import summary_row
+from .fold import FoldOutcome, FoldRequest
+from .summary_row import split_stored, stored_summary_row, stored_text, summary_row
 
 Message = dict[str, Any]
 PHASE = "turn-start"
@@ -45,15 +46,6 @@ class TurnStartSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class FoldRequest:
-    """Input of a summarizer: the previous summary (if the history was already compacted) and the rows to fold."""
-
-    previous_summary: str | None
-    rows: list[Message]
-    max_chars: int
-
-
-@dataclass(frozen=True, slots=True)
 class Plan:
     messages: list[Message]            # what to serve (the effective history until a summary is produced)
     retained: Retained
@@ -62,9 +54,31 @@ class Plan:
     kept: list[Message] = field(default_factory=list)
     summary_handles: list[str] = field(default_factory=list)
     summary_uris: list[str] = field(default_factory=list)
+    head: list[Message] = field(default_factory=list)   # served before the folded rows (the previous summary row)
+    summary_text: str | None = None    # what to store (CompactionSummaryRecorded.summary) once a summary is made
 
     def reply(self) -> dict[str, Any]:
-        return {"messages": self.messages, "retained": self.retained.to_payload(), "decision": self.decision}
+        return {"messages": render_served(self.messages), "retained": self.retained.to_payload(),
+                "decision": self.decision}
+
+
+def render_served(rows: Sequence[Message]) -> list[Message]:
+    """Persisted envelopes (SPEC §7) rendered to exactly the bytes the in-flight lane served, with typed
+    ``offload`` provenance (the codec's ``render_part``); every other row is returned as it is."""
+    out: list[Message] = []
+    for row in rows:
+        parts = row.get("parts") or []
+        if not any((p.get("output") or {}).get("type") == "persisted" for p in parts):
+            out.append(row)
+            continue
+        new_parts = []
+        for p in parts:
+            try:
+                new_parts.append(envelopes.render_part(p))
+            except envelopes.EnvelopeError:
+                new_parts.append(p)   # not a valid envelope: served as stored, never an exception
+        out.append({**row, "parts": new_parts})
+    return out
 
 
 def summary_max_chars(budget: CompactionBudget) -> int:
@@ -135,9 +149,10 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
         if d is None:
             effective = list(rows)
         else:
-            previous = rows[d]["compactionSummary"]
+            stored = rows[d]["compactionSummary"]
+            previous = split_stored(stored)[0]
             upto = rows[: d + 1]
-            effective = [summary_row(rows[d]["id"], previous, attachment_handles(upto), persisted_uris(upto)),
+            effective = [stored_summary_row(rows[d]["id"], stored, attachment_handles(upto), persisted_uris(upto)),
                          *rows[d + 1:]]
             has_summary_row = True
 
@@ -168,24 +183,46 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
     upto = next((scope[: i + 1] for i, r in enumerate(scope) if r.get("id") == boundary_id), scope)
 
     # 8. what to summarize
-    fold = FoldRequest(previous, folded, summary_max_chars(budget))
+    fold = FoldRequest(previous, folded, summary_max_chars(budget), conversation_id=str(history.get(
+        "conversationId") or ""), phase=PHASE)
     return Plan(effective, retained,
                 {**decision, "status": "skipped", "reason": "summary-pending", "boundaryId": boundary_id,
                  "foldedCount": len(folded)},
                 fold=fold, kept=list(effective[start:]),
-                summary_handles=attachment_handles(upto), summary_uris=persisted_uris(upto))
+                summary_handles=list(dict.fromkeys([*(a["handle"] for a in retained.file_attachments),
+                                                    *attachment_handles(upto)])),
+                summary_uris=persisted_uris(upto),
+                head=list(effective[:first_real]))
 
 
-def finish(plan: Plan, summary: str | None, *, error: str | None = None) -> Plan:
-    """Apply the summarizer's output. Empty summary or an error → ``skipped``, the effective history is served."""
+def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None = None) -> Plan:
+    """Apply the summarizer's outcome (a text summary, or masked rows).
+
+    Empty summary or an error → ``skipped``, the effective history is served (SPEC §8.8). A masking outcome
+    that stands in for a failed summarizer serves the masked rows and still reports ``skipped`` (+ ``fallback``).
+    """
     if plan.fold is None:
         return plan
-    if error is not None or not summary or not summary.strip():
-        decision = {**plan.decision, "status": "skipped",
-                    "reason": "summarizer-error" if error is not None else "empty-summary"}
+    if isinstance(outcome, str) or outcome is None:
+        outcome = FoldOutcome("custom", summary=outcome, error=error)
+    decision = {**plan.decision, "summarizer": outcome.summarizer, "summarizerCalls": outcome.calls,
+                "summarizerInputTokens": outcome.input_tokens}
+    if outcome.empty:
+        decision.update(status="skipped", reason="summarizer-error" if outcome.error is not None else "empty-summary")
+        if outcome.error:
+            decision["error"] = outcome.error[:300]
         return replace(plan, decision=decision, fold=None)
-    row = summary_row(plan.decision["boundaryId"], summary, plan.summary_handles, plan.summary_uris)
-    served = [row, *plan.kept]
-    decision = {**plan.decision, "status": "compacted", "reason": "over-trigger",
-                "postTokens": count_messages(served)}
+    if outcome.rows is not None:
+        served = [*plan.head, *outcome.rows, *plan.kept]
+    else:
+        row = summary_row(plan.decision["boundaryId"], outcome.summary or "", plan.summary_handles, plan.summary_uris)
+        served = [row, *plan.kept]
+        plan = replace(plan, summary_text=stored_text(outcome.summary or "", plan.summary_handles, plan.summary_uris))
+    decision.update(status="skipped" if outcome.fallback_from else "compacted",
+                    reason="summarizer-error" if outcome.fallback_from else "over-trigger",
+                    postTokens=count_messages(served))
+    if outcome.fallback_from:
+        decision.update(fallback=outcome.summarizer, failedSummarizer=outcome.fallback_from)
+        if outcome.error:
+            decision["error"] = outcome.error[:300]
     return replace(plan, messages=served, decision=decision, fold=None)

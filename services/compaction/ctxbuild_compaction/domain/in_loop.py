@@ -1,0 +1,229 @@
+"""In-loop compaction (SPEC §9), pure: between two steps of one turn, decide what the next request serves.
+
+The memo is a checkpoint ``{consumedCount, compactedPrefix}``: the first ``consumedCount`` messages of the turn
+are represented by ``compactedPrefix`` (a summary row, or masked rows after a masking fold). The candidate is
+``compactedPrefix + messages[consumedCount:]``.
+
+- candidate ≤ trigger → served as is, **zero** summarizer calls;
+- over → the tail is cut into atomic groups (:mod:`.grouping`), the newest groups that fit the keep budget are
+  kept (at least one), and only the older groups of the tail — the increment — are folded, together with the
+  previous summary (summary of summary). The summarizer input is O(increment), never the history (finding #4).
+
+The checkpoint is made durable by the caller (an ``InLoopFoldRecorded`` event on the turn stream), so a turn
+resumed elsewhere reads it back and does not refold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ctxbuild_codec import compaction_budget
+from ctxbuild_codec.tokens import count_message, count_messages
+
+from .context import attachment_handles, persisted_uris
+from .fold import FoldOutcome, FoldRequest
+from .grouping import group_rows
+from .summary_row import is_summary_row, summary_of_row, summary_row
+from .turn_start import summary_max_chars
+
+Message = dict[str, Any]
+PHASE = "in-loop"
+
+
+class CheckpointMismatch(ValueError):
+    """The messages sent do not line up with the checkpoint (they start after its consumedCount)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    consumed_count: int = 0
+    compacted_prefix: list[Message] = field(default_factory=list)
+    message_count: int = 0     # messages when it was made: usage of a later assistant row covers the prefix
+    folds: int = 0
+    handles: list[str] = field(default_factory=list)   # attachments named by the summary row
+    uris: list[str] = field(default_factory=list)      # archived outputs named by the summary row
+    summarizer: str | None = None
+    step: int | None = None
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any] | None) -> Checkpoint:
+        if not data:
+            return cls()
+        return cls(int(data.get("consumedCount", 0)), list(data.get("compactedPrefix") or []),
+                   int(data.get("messageCount", data.get("consumedCount", 0))), int(data.get("folds", 0)),
+                   list(data.get("handles") or []), list(data.get("persistedUris") or []), data.get("summarizer"),
+                   data.get("step"))
+
+    def to_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"consumedCount": self.consumed_count, "compactedPrefix": self.compacted_prefix,
+                               "messageCount": self.message_count, "folds": self.folds, "handles": self.handles,
+                               "persistedUris": self.uris}
+        if self.summarizer:
+            out["summarizer"] = self.summarizer
+        if self.step is not None:
+            out["step"] = self.step
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class InLoopSettings:
+    context_window: float | None = None
+    reservation: int | None = None
+    compress_enabled: bool = True
+    fixed_tokens: int = 0          # system prompt + tool definitions: part of every request
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> InLoopSettings:
+        s = payload.get("settings") or {}
+        return cls(s.get("contextWindow"), s.get("reservation"), bool(s.get("compressEnabled", True)),
+                   int(payload.get("fixedTokens") or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class InLoopPlan:
+    served: list[Message]
+    checkpoint: Checkpoint
+    decision: dict[str, Any]
+    fold: FoldRequest | None = None
+    # set when folding
+    kept: list[Message] = field(default_factory=list)
+    pinned: list[Message] = field(default_factory=list)
+    new_consumed: int = 0
+    total: int = 0
+    boundary_id: str | None = None
+    handles: list[str] = field(default_factory=list)
+    uris: list[str] = field(default_factory=list)
+    step: int | None = None
+    fixed_tokens: int = 0
+
+    def reply(self, changed: bool = False) -> dict[str, Any]:
+        return {"messages": self.served, "checkpoint": self.checkpoint.to_payload(), "checkpointChanged": changed,
+                "decision": self.decision}
+
+
+def _union(*lists: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(x for xs in lists for x in xs))
+
+
+def estimate_candidate(tail: Sequence[Message], candidate: Sequence[Message], ck: Checkpoint, turn_id: str | None,
+                       fixed_tokens: int) -> tuple[int, str]:
+    """(tokens, how): the newest assistant row of this turn served after the checkpoint was made reports the
+    real size of its request — trust it and estimate the rows after it (SPEC §2.4); else count everything.
+
+    The estimate never falls below the shared tokenizer's count of the candidate: a usage that covers a shorter
+    request than the candidate (served from a checkpoint the caller no longer holds, e.g. a resumed turn whose
+    checkpoint could not be read back) must not let an oversized request through."""
+    counted = fixed_tokens + count_messages(list(candidate))
+    for i in range(len(tail) - 1, -1, -1):
+        row = tail[i]
+        usage = row.get("usage")
+        if (row.get("role") == "assistant" and usage and (turn_id is None or row.get("turnId") == turn_id)
+                and ck.consumed_count + i >= ck.message_count):
+            by_usage = (int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0))
+                        + count_messages(list(tail[i + 1:])))
+            return (by_usage, "usage") if by_usage >= counted else (counted, "count")
+    return counted, "count"
+
+
+def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, settings: InLoopSettings, *,
+                 turn_id: str | None = None, conversation_id: str = "", step: int | None = None,
+                 retained: Mapping[str, Any] | None = None) -> InLoopPlan:
+    """``messages`` are the turn's messages from absolute index ``offset`` on (the caller may leave out what the
+    checkpoint already consumed)."""
+    if offset > ck.consumed_count:
+        raise CheckpointMismatch(f"messages start at {offset} but the checkpoint consumed only {ck.consumed_count}")
+    tail = list(messages[ck.consumed_count - offset:])
+    total = offset + len(messages)
+    if ck.consumed_count > total:
+        raise CheckpointMismatch(f"the checkpoint consumed {ck.consumed_count} of {total} messages")
+    candidate = [*ck.compacted_prefix, *tail]
+    estimated, how = estimate_candidate(tail, candidate, ck, turn_id, settings.fixed_tokens)
+    decision: dict[str, Any] = {"status": "serve", "phase": PHASE, "estimatedTokens": estimated, "estimate": how,
+                                "consumedCount": ck.consumed_count, "folds": ck.folds, "summarizerCalls": 0}
+    budget = compaction_budget(settings.context_window, settings.reservation)
+    if budget is not None:
+        decision.update(trigger=budget.trigger, keepBudget=budget.keep)
+    plan = InLoopPlan(candidate, ck, decision, step=step, fixed_tokens=settings.fixed_tokens)
+    if not settings.compress_enabled:
+        return replace(plan, decision={**decision, "reason": "compaction-disabled"})
+    if budget is None:
+        return replace(plan, decision={**decision, "reason": "window-unknown"})
+    if estimated <= budget.trigger:
+        return replace(plan, decision={**decision, "reason": "under-trigger"})
+
+    # over the trigger: keep the newest groups that fit the keep budget (at least one), fold the older ones
+    pinned_idx, groups = group_rows(tail)
+    keep_from, acc = len(groups), 0
+    for g in range(len(groups) - 1, -1, -1):
+        acc += sum(count_message(tail[i]) for i in groups[g])
+        if acc > budget.keep and g < len(groups) - 1:
+            break
+        keep_from = g
+    if keep_from <= 0:
+        return replace(plan, decision={**decision, "status": "skipped", "reason": "nothing-to-fold"})
+    first_kept = groups[keep_from][0]
+    folded = [tail[i] for g in groups[:keep_from] for i in g]
+    pinned = [tail[i] for i in pinned_idx if i < first_kept]
+    kept = tail[first_kept:]
+
+    previous = None
+    prefix_rows: list[Message] = []
+    for row in ck.compacted_prefix:
+        text = summary_of_row(row)
+        if text is not None:
+            previous = text
+        elif row.get("role") != "system":
+            prefix_rows.append(row)
+    ret = retained or {}
+    handles = _union(ck.handles, [a["handle"] for a in ret.get("fileAttachments") or []],
+                     attachment_handles([*prefix_rows, *folded]))
+    uris = _union(ck.uris, ret.get("persistedUris") or [], persisted_uris([*prefix_rows, *folded]))
+    fold = FoldRequest(previous, folded, summary_max_chars(budget), prefix=prefix_rows,
+                       conversation_id=conversation_id, turn_id=turn_id, phase=PHASE)
+    boundary = str(folded[-1].get("id"))
+    return replace(plan, fold=fold, kept=kept, pinned=pinned, new_consumed=ck.consumed_count + first_kept,
+                   total=total, boundary_id=boundary, handles=handles, uris=uris,
+                   decision={**decision, "status": "skipped", "reason": "summary-pending", "boundaryId": boundary,
+                             "foldedCount": len(folded), "foldInput": fold_input(fold, ck)})
+
+
+def fold_input(fold: FoldRequest, ck: Checkpoint) -> dict[str, Any]:
+    """What the summarizer is given, by id (finding #4: the previous fold plus the new rows, not the history)."""
+    prev = next((r.get("id") for r in reversed(ck.compacted_prefix) if is_summary_row(r)), None)
+    return {"previousSummaryId": prev, "prefixIds": [str(r.get("id")) for r in fold.prefix],
+            "rowIds": [str(r.get("id")) for r in fold.rows]}
+
+
+def finish_in_loop(plan: InLoopPlan, outcome: FoldOutcome | None) -> tuple[InLoopPlan, bool]:
+    """Apply a summarizer's outcome → (plan to reply with, whether the checkpoint changed)."""
+    if plan.fold is None:
+        return plan, False
+    d = {**plan.decision}
+    if outcome is None or outcome.empty:
+        d.update(status="skipped", reason="summarizer-error" if outcome is None or outcome.error else "empty-summary")
+        if outcome is not None and outcome.error:
+            d["error"] = outcome.error[:300]
+        return replace(plan, fold=None, decision=d), False
+    ck = plan.checkpoint
+    if outcome.rows is not None:   # masking: the earlier prefix stays byte for byte, the increment is masked
+        prefix = [*ck.compacted_prefix, *plan.pinned, *outcome.rows]
+    else:
+        row = summary_row(plan.boundary_id or "", outcome.summary or "", plan.handles, plan.uris)
+        keep_system = [r for r in ck.compacted_prefix if r.get("role") == "system"]
+        prefix = [*keep_system, *plan.pinned, row]
+    new_ck = Checkpoint(plan.new_consumed, prefix, plan.total, ck.folds + 1, plan.handles, plan.uris,
+                        outcome.summarizer, plan.step)
+    served = [*prefix, *plan.kept]
+    d.update(status="skipped" if outcome.fallback_from else "compacted",
+             reason="summarizer-error" if outcome.fallback_from else "over-trigger",
+             summarizer=outcome.summarizer, consumedCount=new_ck.consumed_count, folds=new_ck.folds,
+             postTokens=plan.fixed_tokens + count_messages(served),
+             summarizerCalls=outcome.calls, summarizerInputTokens=outcome.input_tokens)
+    if outcome.fallback_from:
+        d["fallback"] = outcome.summarizer
+        d["failedSummarizer"] = outcome.fallback_from
+        if outcome.error:
+            d["error"] = outcome.error[:300]
+    return replace(plan, served=served, checkpoint=new_ck, fold=None, decision=d), True
