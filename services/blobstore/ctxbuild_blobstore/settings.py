@@ -38,7 +38,8 @@ class Settings(ServiceSettings):
 
     # claim check (chunked transfer over NATS, see README)
     transfer_chunk_bytes: int = Field(512 * KIB, ge=4 * KIB, le=768 * KIB,
-                                      description="data-channel chunk; NATS max_payload is 1 MB")
+                                      description="default push chunk (get); pulls, and gets whose caller "
+                                                  "offers maxChunk, use up to the connection's max_payload")
     transfer_window: int = Field(4, ge=1, le=32, description="chunks in flight per transfer")
     transfer_timeout_s: float = Field(10.0, gt=0, description="a caller's inbox must answer within this")
     upload_part_bytes: int = Field(8 * MIB, ge=5 * MIB, description="S3 multipart part size (S3 minimum: 5 MiB); "

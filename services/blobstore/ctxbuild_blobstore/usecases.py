@@ -149,7 +149,7 @@ class BlobStore:
             if await blob.exists():
                 return await blob.record(None, ref, attachment)
             index = index_bytes(data, self.cfg.index_stride)
-            await self.s3.put(object_key(sha), data)
+            await self.s3.put(object_key(sha), data, sha256=sha)
             self._crash_point()
             return await blob.record(NewBlob(len(data), media_type, index), ref, attachment)
 
@@ -269,7 +269,7 @@ class BlobStore:
                     if verify_only:
                         raise ServiceError("the blob was collected during the upload; upload again",
                                            code="conflict", retryable=True)
-                    await writer.commit(object_key(sha))
+                    await writer.commit(object_key(sha), sha)
                     t3 = time.perf_counter()
                     self._crash_point()
                     created, att = await blob.record(NewBlob(size, media_type, index), ref, attachment)
@@ -472,11 +472,14 @@ class BlobStore:
         if not INBOX.fullmatch(req["sink"]):
             raise InvalidPayload("sink must be a NATS inbox of the caller (_INBOX.…)")
         start, want = req.get("offset", 0), req.get("length")
+        piece = self.transfer.push_bytes(req.get("maxChunk"))
         early: asyncio.Task | None = None
         sha = req.get("sha256")
         if sha and start == 0 and want != 0 and (self.cache is None or self.cache.get(sha) is None):
-            # start the S3 read while Postgres checks the allow-list; nothing is sent before the check passes
-            early = asyncio.ensure_future(self.s3.open(object_key(sha), 0, want))
+            # start the S3 read (the request and up to two chunks, one thread hop: a 1 MiB blob is one large
+            # chunk plus a small tail) while Postgres checks the allow-list; nothing is sent before it passes
+            ahead = 2 * piece if want is None else min(2 * piece, want)
+            early = asyncio.ensure_future(self.s3.open(object_key(sha), 0, want, prefetch=ahead))
         try:
             info = await self._readable(req)
         except BaseException:
@@ -488,7 +491,6 @@ class BlobStore:
                 early.add_done_callback(_close_reader)
             raise InvalidPayload(f"offset {start} is past the end of the blob ({info.size} bytes)")
         length = info.size - start if want is None else min(want, info.size - start)
-        piece = self.transfer.chunk_bytes
         with span("blob.get", sha256=info.sha256, start=start, length=length):
             if early is not None:
                 reader = await early
@@ -509,7 +511,8 @@ class BlobStore:
                         async for c in chunks:
                             yield c
 
-                n = await self.transfer.push(req["sink"], all_chunks(), start)
+                n = await self.transfer.push(req["sink"], all_chunks(), start,
+                                             await_tail=not req.get("earlyReply", False))
             except ObjectGone as exc:
                 raise NotFound(f"blob {info.sha256} is no longer available") from exc
             finally:

@@ -28,7 +28,8 @@ class ObjectWriter:
         self.key = key
         self.part_bytes = part_bytes
         self.store = store  # False: verify-only (the object exists; the bytes only prove possession)
-        self._buf = bytearray()
+        self._buf: list[bytes] = []  # chunks as received (joined once, when they become a part or the object)
+        self._buffered = 0
         self._upload_id: str | None = None
         self._parts: list[Part] = []
         self._inflight: asyncio.Task[Part] | None = None
@@ -42,13 +43,18 @@ class ObjectWriter:
     async def write(self, chunk: bytes) -> None:
         if not self.store:
             return
-        self._buf += chunk
-        if len(self._buf) >= self.part_bytes:
+        self._buf.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered >= self.part_bytes:
             await self._flush()
 
+    def _take(self) -> bytes:
+        data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
+        self._buf, self._buffered = [], 0
+        return data
+
     async def _flush(self) -> None:
-        data = bytes(self._buf)
-        self._buf = bytearray()
+        data = self._take()
         if self._upload_id is None:
             self._upload_id = await self.s3.create_multipart(self.key)
         if self._inflight is not None:
@@ -57,13 +63,13 @@ class ObjectWriter:
         n, self._next = self._next, self._next + 1
         self._inflight = asyncio.ensure_future(self.s3.upload_part(self.key, self._upload_id, n, data))
 
-    async def commit(self, final_key: str) -> None:
-        """Make the verified bytes the object ``final_key``."""
+    async def commit(self, final_key: str, sha256: str | None = None) -> None:
+        """Make the verified bytes the object ``final_key`` (``sha256``: their verified digest, which signs a
+        single PUT without hashing the bytes again)."""
         if not self.store:
             raise RuntimeError("a verify-only writer has nothing to commit")
         if self._upload_id is None:
-            await self.s3.put(final_key, bytes(self._buf))
-            self._buf = bytearray()
+            await self.s3.put(final_key, self._take(), sha256=sha256)
             self._closed = True
             return
         if self._buf:
@@ -82,7 +88,7 @@ class ObjectWriter:
 
     async def discard(self) -> None:
         """Drop whatever was written (best effort: the collector aborts what is left)."""
-        self._buf = bytearray()
+        self._buf, self._buffered = [], 0
         if self._inflight is not None:
             self._inflight.cancel()
             await asyncio.gather(self._inflight, return_exceptions=True)

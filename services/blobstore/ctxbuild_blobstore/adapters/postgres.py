@@ -12,6 +12,7 @@ object or a row that a concurrent put is about to (re)reference.
 from __future__ import annotations
 
 import asyncio
+import re
 from array import array
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ _UNAVAILABLE = (OSError, asyncio.TimeoutError, TimeoutError, asyncpg.PostgresCon
                 asyncpg.InterfaceError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError,
                 asyncpg.SerializationError, asyncpg.DeadlockDetectedError, asyncpg.QueryCanceledError,
                 asyncpg.AdminShutdownError)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 GC_LEADER_KEY = 0x626C6F6267636C72  # "blobgclr": one collector at a time across replicas
 
 
@@ -251,10 +253,23 @@ class Postgres:
         whether its row exists — a separate statement, so its snapshot is taken after the lock was granted."""
         async with self._conn() as conn:
             key = lock_key(sha256)
-            await conn.execute("SELECT pg_advisory_lock_shared($1)", key)
             try:
-                existed = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM blobstore.blobs WHERE sha256 = $1)",
-                                              sha256)
+                if _HEX64.fullmatch(sha256):
+                    # one round trip: two statements in one simple query. Under READ COMMITTED each statement
+                    # takes its own snapshot, so the existence check still sees everything committed before the
+                    # lock was granted; its command tag ("SELECT 1" / "SELECT 0") is the answer. Both values are
+                    # literals we derived (an int, a validated hex digest): nothing of a caller's is spliced in.
+                    tag = await conn.execute(f"SELECT pg_advisory_lock_shared('{int(key)}'::bigint); "
+                                             f"SELECT 1 FROM blobstore.blobs WHERE sha256 = '{sha256}'")
+                    existed = tag.strip() != "SELECT 0"
+                else:  # never a content address; kept for completeness
+                    await conn.execute("SELECT pg_advisory_lock_shared($1)", key)
+                    existed = await conn.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM blobstore.blobs WHERE sha256 = $1)", sha256)
+            except BaseException:
+                await _unlock(conn, "SELECT pg_advisory_unlock_shared($1)", key)  # harmless if not taken
+                raise
+            try:
                 yield LockedBlob(conn, sha256, bool(existed))
             finally:
                 await _unlock(conn, "SELECT pg_advisory_unlock_shared($1)", key)
