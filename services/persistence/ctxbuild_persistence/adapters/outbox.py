@@ -25,6 +25,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from .db import Database
 from .event_store import dumps, row_to_event
+from .worker import WakeableWorker
 
 log = structlog.get_logger("outbox")
 
@@ -53,10 +54,15 @@ def event_headers(event: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
-class OutboxRelay:
+class OutboxRelay(WakeableWorker):
+    """Unmarked outbox rows are republished after a stop or crash; JetStream dedupes them by Nats-Msg-Id."""
+
+    task_name = "outbox-relay"
+
     def __init__(self, db: Database, connection: Callable[[], NatsClient], *, stream: str, subject_prefix: str,
                  duplicate_window_s: float, poll_interval_s: float, batch_size: int, publish_timeout_s: float,
                  max_backoff_s: float) -> None:
+        super().__init__()
         self.db = db
         self._connection = connection
         self.stream = stream
@@ -66,39 +72,10 @@ class OutboxRelay:
         self.batch_size = batch_size
         self.publish_timeout_s = publish_timeout_s
         self.max_backoff_s = max_backoff_s
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._task: asyncio.Task | None = None
         self._stream_ready = False
         self._js_ctx: JetStreamContext | None = None
         self._js_conn: NatsClient | None = None
         self.published_total = 0
-        self.stop_timeout_s = 10.0
-
-    # ---------- lifecycle ----------
-    async def start(self) -> None:
-        if self._task is None:
-            self._stopping = False
-            self._task = asyncio.create_task(self._run(), name="outbox-relay")
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(task, timeout=self.stop_timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            pass  # wait_for cancelled it; unmarked rows are republished (deduped) next time
-
-    def wake(self) -> None:
-        """An append committed: publish now instead of at the next poll."""
-        self._wake.set()
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
 
     # ---------- work ----------
     async def ensure_stream(self) -> None:

@@ -28,6 +28,7 @@ from ctxbuild_platform.errors import NotFound
 from ..domain.projection import PROJECTION, Changes, ConvHead, Known, LogEvent, keys_of, project
 from .db import Database
 from .event_store import db_errors, dumps
+from .worker import WakeableWorker
 
 log = structlog.get_logger("projection")
 
@@ -152,11 +153,15 @@ async def read_events(conn: asyncpg.Connection, after: int, limit: int,
     return [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"])) for r in rows]
 
 
-class Projector:
-    """Keeps the conversation projection up to date; one instance per replica, one batch at a time overall."""
+class Projector(WakeableWorker):
+    """Keeps the conversation projection up to date; one instance per replica, one batch at a time overall.
+    A stop mid-batch rolls the open batch back with its connection: nothing half-applied."""
+
+    task_name = "projector"
 
     def __init__(self, db: Database, *, batch_size: int = 500, batch_bytes: int = MAX_BATCH_BYTES,
                  poll_interval_s: float = 1.0, max_backoff_s: float = 5.0) -> None:
+        super().__init__()
         self.db = db
         self.batch_size = batch_size
         self.batch_bytes = batch_bytes
@@ -164,36 +169,8 @@ class Projector:
         self.max_backoff_s = max_backoff_s
         self.position = 0  # last tracking position this replica saw committed
         self.events_applied = 0  # by this replica (metrics, tests)
-        self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._waiters = 0
-        self._stopping = False
-        self._task: asyncio.Task | None = None
-        self.stop_timeout_s = 10.0
-
-    # ---------- lifecycle ----------
-    async def start(self) -> None:
-        if self._task is None:
-            self._stopping = False
-            self._task = asyncio.create_task(self._run(), name="projector")
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(task, timeout=self.stop_timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            pass  # the open batch rolls back with the connection: nothing half-applied
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
 
     # ---------- work ----------
     async def project_once(self) -> int | None:
