@@ -7,11 +7,13 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from ctxbuild_devstack import Stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
+from minio import Minio
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -59,3 +61,18 @@ async def nats_broker(stack: Stack) -> AsyncIterator[NatsBroker]:
 @pytest.fixture(scope="session")
 def rpc(nats_broker: NatsBroker) -> RpcClient:
     return RpcClient(nats_broker, default_timeout=30.0)
+
+
+@pytest.fixture(scope="session")
+def minio(stack) -> Minio:
+    """A raw S3 client on the stack's SeaweedFS, to check what really is in the bucket."""
+    return Minio(stack.env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=stack.env["CTX_S3_ACCESS_KEY"],
+                 secret_key=stack.env["CTX_S3_SECRET_KEY"], secure=False)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pg(stack) -> AsyncIterator[asyncpg.Connection]:
+    """A raw Postgres connection, to check rows behind a service's back."""
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    yield conn
+    await conn.close()

@@ -5,13 +5,11 @@ import asyncio
 import json
 import uuid
 
-import asyncpg
 import httpx
 import pytest
 from ctxbuild_blobstore.adapters.migrate import apply_migrations
 from ctxbuild_codec.trim import sha256_hex, vfs_uri
 from ctxbuild_platform.errors import RemoteError
-from minio import Minio
 
 pytestmark = pytest.mark.integration
 
@@ -19,19 +17,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def blobstore(start_service) -> str:
     return start_service("blobstore")
-
-
-@pytest.fixture(scope="module")
-def minio(stack) -> Minio:
-    return Minio(stack.env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=stack.env["CTX_S3_ACCESS_KEY"],
-                 secret_key=stack.env["CTX_S3_SECRET_KEY"], secure=False)
-
-
-@pytest.fixture
-async def pg(stack):
-    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    yield conn
-    await conn.close()
 
 
 def uid() -> str:

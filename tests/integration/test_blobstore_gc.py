@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import uuid
 
-import asyncpg
 import pytest
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_blobstore.adapters.migrate import apply_migrations
@@ -41,19 +40,6 @@ async def parts(stack, client):
     gc = Collector(db, s3, grace_s=GRACE, upload_stale_s=GRACE)
     yield db, s3, gc, BlobStore(db, s3, config=Config())
     await db.close()
-
-
-@pytest.fixture(scope="module")
-def minio(stack) -> Minio:
-    return Minio(stack.env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=stack.env["CTX_S3_ACCESS_KEY"],
-                 secret_key=stack.env["CTX_S3_SECRET_KEY"], secure=False)
-
-
-@pytest.fixture
-async def pg(stack):
-    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    yield conn
-    await conn.close()
 
 
 def has_object(minio: Minio, stack, key: str) -> bool:

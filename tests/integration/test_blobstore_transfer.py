@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 
-import asyncpg
 import psutil
 import pytest
 from ctxbuild_blobclient import BlobClient
@@ -33,19 +32,6 @@ def blobstore(start_service) -> str:
 @pytest.fixture(scope="module")
 def client(blobstore, rpc) -> BlobClient:
     return BlobClient(rpc)
-
-
-@pytest.fixture(scope="module")
-def minio(stack) -> Minio:
-    return Minio(stack.env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=stack.env["CTX_S3_ACCESS_KEY"],
-                 secret_key=stack.env["CTX_S3_SECRET_KEY"], secure=False)
-
-
-@pytest.fixture
-async def pg(stack):
-    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    yield conn
-    await conn.close()
 
 
 def objects(minio: Minio, bucket: str, prefix: str) -> list[str]:
