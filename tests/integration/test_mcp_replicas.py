@@ -80,9 +80,9 @@ def two_replicas(stack, start_service):
     if stack.alive("mcp_catalog"):
         stack.stop("mcp_catalog")
     a_url = start_service("mcp_catalog", CTX_MCP_SERVERS=SERVERS, CTX_REPLICA_ID="replica-a")
-    b = Replica(stack, "mcp_catalog_b")
-    yield {"a": a_url, "a_log": Path(stack.logs) / "mcp_catalog.log", "b": b}
-    b.stop()
+    replicas = {"a": a_url, "a_log": Path(stack.logs) / "mcp_catalog.log", "b": Replica(stack, "mcp_catalog_b")}
+    yield replicas
+    replicas["b"].stop()  # a test may have replaced the second replica: stop the current one
 
 
 async def resolve(rpc, **payload):
