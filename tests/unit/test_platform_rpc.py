@@ -26,11 +26,9 @@ def test_contracts(tmp_path, monkeypatch):
     (tmp_path / "model" / "message.json").write_text(json.dumps(
         {"$schema": OBJ["$schema"], "type": "object", "properties": {"role": {"enum": ["user"]}}}))
     monkeypatch.setenv("CTX_CONTRACTS_DIR", str(tmp_path))
-    contracts._registry.cache_clear()
-    contracts.validator.cache_clear()
+    contracts.reset_cache()
     yield
-    contracts._registry.cache_clear()
-    contracts.validator.cache_clear()
+    contracts.reset_cache()
 
 
 def _ok_reply(_payload):

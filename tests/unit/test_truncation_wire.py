@@ -1,5 +1,5 @@
-"""The service's compiled contract check decides exactly as the platform's validator (it only answers "valid"
-faster); parse keeps big integers exact; encode falls back to the stdlib for what orjson refuses."""
+"""The platform's compiled contract check decides exactly as its reference validator (it only answers "valid"
+faster), fuzzed over truncation payloads; the service's parse keeps big integers exact; encode falls back to the stdlib for what orjson refuses."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ VALID_REQUEST = {
 
 def decision(name, payload):
     try:
-        contracts.validate(name, payload)
+        contracts.validate_reference(name, payload)
         return None
     except InvalidPayload as exc:
         return exc.message
@@ -45,7 +45,7 @@ def decision(name, payload):
 
 def mine(name, payload):
     try:
-        wire.validate(name, payload)
+        contracts.validate(name, payload)
         return None
     except InvalidPayload as exc:
         return exc.message

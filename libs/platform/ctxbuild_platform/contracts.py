@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
@@ -56,12 +57,37 @@ def validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(schema, registry=registry, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
+@cache
+def _compiled(name: str) -> jsonschema_rs.Draft202012Validator:
+    """The same schema compiled by jsonschema-rs: ~1 µs for a small payload vs ~0.25 ms in pure Python."""
+    registry, schemas = _registry()
+    if name not in schemas:
+        raise KeyError(f"no contract {name!r} under {contracts_dir()}")
+    resources = [(BASE_URI + rel, doc) for rel, doc in schemas.items()]
+    return jsonschema_rs.Draft202012Validator({"$ref": BASE_URI + name},
+                                              registry=jsonschema_rs.Registry(resources), validate_formats=True)
+
+
+def reset_cache() -> None:
+    """Forget loaded schemas (tests that point CTX_CONTRACTS_DIR elsewhere)."""
+    for f in (_registry, validator, _compiled):
+        f.cache_clear()
+
+
 def has_contract(name: str) -> bool:
     return name in _registry()[1]
 
 
 def validate(name: str, payload: Any) -> None:
-    """Raise InvalidPayload naming the first violation (the deepest, most relevant one)."""
+    """Raise InvalidPayload exactly when `validate_reference` does. The compiled validator (at least as strict:
+    formats and patterns included) answers "valid" fast; anything it rejects goes to the reference validator,
+    which decides and words the error."""
+    if not _compiled(name).is_valid(payload):
+        validate_reference(name, payload)
+
+
+def validate_reference(name: str, payload: Any) -> None:
+    """The authority (python-jsonschema): InvalidPayload naming the deepest, most relevant violation."""
     v = validator(name)
     errors = sorted(v.iter_errors(payload), key=lambda e: (len(e.absolute_path), e.path), reverse=True)
     if errors:

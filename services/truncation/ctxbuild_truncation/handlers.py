@@ -65,7 +65,7 @@ class Limits:
 # ---------------------------------------------------------------- pure halves (run on a CPU thread when large)
 
 def check(payload: Any) -> dict[str, Any]:
-    wire.validate(REQUEST, payload)
+    contracts.validate(REQUEST, payload)
     return payload
 
 
@@ -92,7 +92,7 @@ def finish(payload: dict[str, Any], plan: StepPlan, written: dict[str, str | Non
 
 def finish_wire(payload: dict[str, Any], plan: StepPlan, written: dict[str, str | None]) -> bytes:
     reply = finish(payload, plan, written)
-    wire.validate(REPLY, reply)
+    contracts.validate(REPLY, reply)
     return encode({"result": reply})
 
 
