@@ -1,0 +1,1 @@
+"""The `ctxbuild` command line (typer + rich) over the orchestration HTTP API."""
