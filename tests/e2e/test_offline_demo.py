@@ -74,6 +74,9 @@ async def test_offloaded_page_reads_back_in_full(demo, rpc):
     assert denied["kind"] == "error" and denied["code"] == "access-denied"
 
 
+JETSTREAM_SUBJECTS = {"ctx.turn.run": "CTX_TURNS"}  # work-queue commands (published to a stream)
+
+
 async def test_every_payload_on_nats_matches_its_contract(demo):
     _, _, tap = demo
     seen: dict[str, int] = {}
@@ -82,6 +85,11 @@ async def test_every_payload_on_nats_matches_its_contract(demo):
         seen[subject] = seen.get(subject, 0) + 1
         try:
             contracts.validate(contracts.subject_contract(subject, "request"), json.loads(data))
+            if subject in JETSTREAM_SUBJECTS:  # the reply is the stream's PubAck, not a service reply
+                if inbox in tap.replies:
+                    ack = json.loads(tap.replies[inbox])
+                    assert ack.get("stream") == JETSTREAM_SUBJECTS[subject] and ack.get("seq", 0) > 0, ack
+                continue
             if inbox and inbox in tap.replies:
                 reply = json.loads(tap.replies[inbox])
                 contracts.validate("common/reply.json", reply)
@@ -101,7 +109,8 @@ async def test_every_payload_on_nats_matches_its_contract(demo):
     assert seen.get("ctx.blob.attach", 0) + seen.get("ctx.blob.upload", 0) > 0, "no attachment traffic"
     for subject in ("ctx.blob.read_file", "ctx.blob.fs_read", "ctx.blob.put",
                     "ctx.truncate.step", "ctx.persist.append", "ctx.persist.read_stream", "ctx.persist.history",
-                    "ctx.compact.turn_start", "ctx.compact.in_loop", "ctx.mcp.resolve", "ctx.mcp.invoke"):
+                    "ctx.compact.turn_start", "ctx.compact.in_loop", "ctx.mcp.resolve", "ctx.mcp.invoke",
+                    "ctx.turn.run"):
         assert seen.get(subject, 0) > 0, f"no traffic seen on {subject}"
     assert sum(1 for _, _, inbox in tap.requests if inbox in tap.replies) > 50
     assert len(tap.events) > 50

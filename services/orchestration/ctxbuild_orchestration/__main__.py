@@ -1,71 +1,179 @@
-"""`python -m ctxbuild_orchestration`: FastAPI edge + turn runner on FastStream's NATS router."""
+"""`python -m ctxbuild_orchestration`: the HTTP/SSE edge and the turn runner on FastStream's NATS router.
+
+``CTX_ROLE`` splits them for scaling (edge on CPU, runners on work-queue lag); ``all`` (the default, local runs)
+serves both from one process.
+"""
 
 from __future__ import annotations
 
 import asyncio
-
+import json
 from typing import Any
 
-from ctxbuild_platform.errors import ServiceError
+import structlog
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import InvalidPayload, ServiceError
 from ctxbuild_platform.logging import configure_logging
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import broker_options, serve
+from ctxbuild_providers import AnthropicMessagesProvider, OpenAIChatProvider, Provider, ReplayProvider
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from faststream.nats.fastapi import NatsRouter
 
-from ctxbuild_providers import AnthropicMessagesProvider, OpenAIChatProvider, Provider, ReplayProvider
-
 from .adapters.backends import Backends
+from .adapters.work_queue import ABORT_SUBJECT, Delivery, Heartbeat, QueueConfig, TurnQueue
 from .handlers import build_api, install_error_handlers
-from .runner import TurnRunner
+from .runner import TurnRunner, new_id
+from .tools import WebTools
 from .settings import Settings
 
+log = structlog.get_logger("orchestration")
 
-def make_provider(spec: Any, settings: Settings) -> Provider:
-    if spec.kind == "replay":
-        return ReplayProvider(spec.script)
-    if spec.kind == "anthropic":
-        if settings.anthropic_api_key is None and settings.anthropic_base_url is None:
-            raise ServiceError("no Anthropic endpoint configured: set CTX_ANTHROPIC_API_KEY on the orchestration "
-                               "service", code="provider-not-configured")
-        key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
-        return AnthropicMessagesProvider(spec.model, api_key=key, base_url=settings.anthropic_base_url)
-    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-    if key is None and settings.openai_base_url is None:
+
+def check_provider(spec: dict[str, Any], settings: Settings) -> None:
+    """Refuse at the edge a turn whose provider this deployment cannot reach (typed, 400)."""
+    if spec["kind"] == "anthropic" and settings.anthropic_api_key is None and settings.anthropic_base_url is None:
+        raise ServiceError("no Anthropic endpoint configured: set CTX_ANTHROPIC_API_KEY on the orchestration "
+                           "service", code="provider-not-configured")
+    if spec["kind"] == "openai" and settings.openai_api_key is None and settings.openai_base_url is None:
         raise ServiceError("no OpenAI-compatible endpoint configured: set CTX_OPENAI_BASE_URL and/or "
                            "CTX_OPENAI_API_KEY on the orchestration service", code="provider-not-configured")
-    return OpenAIChatProvider(spec.model, base_url=settings.openai_base_url, api_key=key)
+
+
+def provider_factory(settings: Settings, backends: Backends):
+    async def make(spec: dict[str, Any], conversation_id: str, turn_id: str) -> Provider:
+        check_provider(spec, settings)
+        if spec["kind"] == "replay":
+            if "scriptRef" in spec:  # claim check: a large recorded script lives in the blob store
+                doc = json.loads(await backends.blobs.get_text(conversation_id, sha256=spec["scriptRef"]["sha256"]))
+            else:
+                doc = spec
+            tools = doc.get("tools") or None
+            try:
+                return ReplayProvider(doc["script"], tools=tools)  # type: ignore[call-arg]
+            except TypeError:  # a ReplayProvider without recorded tools
+                return ReplayProvider(doc["script"])
+        if spec["kind"] == "anthropic":
+            key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
+            return AnthropicMessagesProvider(spec["model"], api_key=key, base_url=settings.anthropic_base_url)
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+        return OpenAIChatProvider(spec["model"], base_url=settings.openai_base_url, api_key=key)
+
+    return make
+
+
+class RunnerLoop:
+    """Pulls turn commands and runs them; heartbeats while a turn runs; on drain hands unfinished turns back."""
+
+    def __init__(self, queue: TurnQueue, runner: TurnRunner, settings: Settings) -> None:
+        self.queue, self.runner, self.settings = queue, runner, settings
+        self.stopping = asyncio.Event()
+        self.running: dict[str, asyncio.Task] = {}
+        self.aborts: dict[str, str] = {}
+        self._loop_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(
+            self.queue.consume(self.handle, self.settings.max_concurrent_turns, self.stopping), name="turn-pull")
+
+    async def handle(self, d: Delivery) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.running[d.turn_id] = task
+        try:
+            async with Heartbeat(d.msg, self.settings.turn_ack_wait_s):
+                outcome = await self.runner.run(d.turn_id, attempt=d.attempt)
+            log.info("turn-ended", turn_id=d.turn_id, outcome=outcome, attempt=d.attempt)
+            if outcome != "taken-over":
+                await d.msg.ack()
+        except asyncio.CancelledError:
+            reason = self.aborts.pop(d.turn_id, None)
+            if reason is not None:  # an abort: record it, the command is done
+                await asyncio.shield(self._abort_recorded(d, reason))
+            else:  # drain: hand it back now, another replica resumes from the events
+                await asyncio.shield(self._nak(d))
+        finally:
+            self.running.pop(d.turn_id, None)
+
+    async def _abort_recorded(self, d: Delivery, reason: str) -> None:
+        try:
+            await self.runner.abort_now(d.turn_id, reason)
+        finally:
+            await d.msg.ack()
+
+    async def _nak(self, d: Delivery) -> None:
+        try:
+            await d.msg.nak()
+        except Exception as exc:  # connection closing: ack_wait hands it over instead
+            log.warning("nak-failed", turn_id=d.turn_id, error=str(exc))
+
+    def abort(self, turn_id: str, reason: str) -> None:
+        task = self.running.get(turn_id)
+        if task is not None:
+            self.aborts[turn_id] = reason
+            task.cancel()
+
+    async def drain(self, timeout: float) -> None:
+        self.stopping.set()
+        if self._loop_task:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        tasks = list(self.running.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.service_name, settings.log_level)
     router = NatsRouter(**broker_options(settings))
-    backends = Backends(RpcClient(router.broker, settings.request_timeout_s), settings.tool_timeout_s)
-    runner = TurnRunner(backends, settings.max_steps, settings.default_model)
-    api = build_api(backends, runner, settings.sse_poll_s, lambda spec: make_provider(spec, settings))
+    broker = router.broker
+    backends = Backends(RpcClient(broker, settings.request_timeout_s), settings.tool_timeout_s)
+    queue = TurnQueue(lambda: broker.connection, QueueConfig(
+        stream=settings.turns_stream, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s))
+    web = WebTools(settings, mcp_invoke=lambda tool_id, args: backends.invoke(tool_id, args, new_id("call")))
+    runner = TurnRunner(backends, provider_factory(settings, backends), default_max_steps=settings.max_steps,
+                        keep_requests=settings.keep_served_requests, web_tools=web)
+    loop = RunnerLoop(queue, runner, settings)
     state = {"started": False}
+    runs_turns = settings.role in ("all", "runner")
+
+    if runs_turns:
+        @router.subscriber(ABORT_SUBJECT)
+        async def on_abort(body: dict[str, Any]) -> None:
+            # every replica hears it; the one running the turn cancels it (the durable record is the event)
+            try:
+                contracts.validate("subjects/ctx.turn.abort.request.json", body)
+            except InvalidPayload as exc:
+                log.warning("bad-abort-notice", error=exc.message)
+                return
+            loop.abort(body["turnId"], str(body.get("reason") or "requested"))
 
     @router.after_startup
     async def _started(_app: FastAPI) -> None:
+        await queue.ensure()
+        if runs_turns:
+            loop.start()
         state["started"] = True
 
     @router.on_broker_shutdown
     async def _drain_turns() -> None:
-        # let running turns finish within the drain window, then cancel (they record TurnFailed)
-        tasks = list(api.state_tasks)  # type: ignore[attr-defined]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=settings.drain_timeout_s)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        # running turns get the drain window, then go back to the queue for another replica to resume
+        await loop.drain(settings.drain_timeout_s)
+        await web.aclose()
 
-    app = FastAPI(title="ctxbuild orchestration", version="0.1.0",
-                  description="HTTP/SSE edge of ctxbuild: conversations, attachments, turns, progress.")
+    app = FastAPI(title="ctxbuild orchestration", version="0.2.0",
+                  description="HTTP/SSE edge of ctxbuild: conversations, attachments, turns (durable, resumable), "
+                              "progress, served requests, tool-result read-back.")
     app.include_router(router)
-    app.include_router(api)
-    app.state.broker = router.broker
+    if settings.role in ("all", "edge"):
+        app.include_router(build_api(backends, queue, settings.sse_poll_s,
+                                     lambda spec: check_provider(spec, settings), settings.max_steps_limit))
+    app.state.broker = broker
+    app.state.runner_loop = loop
     install_error_handlers(app)
 
     @app.get("/healthz", include_in_schema=False)
@@ -74,7 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ok = state["started"] and await router.broker.ping(timeout=1.0)
+        ok = state["started"] and await broker.ping(timeout=1.0)
         return JSONResponse({"status": "ready" if ok else "not-ready"}, status_code=200 if ok else 503)
 
     return app

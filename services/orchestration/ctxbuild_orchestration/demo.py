@@ -136,6 +136,8 @@ def run_demo(base_url: str, out: Console = console, model: str | None = None) ->
             with out.status(f"turn {n}: running…") as status, \
                     connect_sse(http, "GET", turn["events"]) as sse:
                 for ev in sse.iter_sse():
+                    if not ev.data:  # keep-alive
+                        continue
                     data = json.loads(ev.data)
                     if ev.event == "StepServed":
                         status.update(f"turn {n}: step {data['step']} served {data['servedTokens']:,} tokens")

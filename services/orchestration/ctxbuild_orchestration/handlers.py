@@ -8,18 +8,23 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from ctxbuild_platform.errors import RemoteError, ServiceError
-from ctxbuild_providers import Provider
-from fastapi import APIRouter, FastAPI, File, Header, Request, UploadFile
+from fastapi import APIRouter, FastAPI, File, Header, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
+from opentelemetry.propagate import inject
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 
 from .adapters.backends import Backends, new_event
-from .runner import TurnRunner, new_id
+from .adapters.work_queue import ABORT_SUBJECT, TurnQueue
+from .domain.results import full_output
+from .domain.turn_state import fold
+from .runner import new_id
 
 TERMINAL = {"TurnCompleted", "TurnFailed"}
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
-          "provider-not-configured": 400, "unsupported-media": 415}
+          "provider-not-configured": 400, "unsupported-media": 415, "conflict": 409,
+          "too-large": 413}
+REPLAY_INLINE_MAX_BYTES = 256 * 1024  # a larger replay script goes to the blob store (claim check) with the turn
 
 
 class ConversationSettings(BaseModel):
@@ -37,11 +42,19 @@ class CreateConversation(BaseModel):
     settings: ConversationSettings = Field(default_factory=ConversationSettings)
 
 
+class RecordedTool(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    inputSchema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
 class ReplaySpec(BaseModel):
-    """Scripted model decisions (offline runs, demos, tests)."""
+    """Scripted or recorded model decisions (offline runs, demos, tests, trajectory replays). A step's
+    toolCalls may carry a recorded `output`; `tools` are the recorded tools the turn offers."""
 
     kind: Literal["replay"]
     script: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[RecordedTool] = Field(default_factory=list)
 
 
 class OpenAISpec(BaseModel):
@@ -58,9 +71,22 @@ class AnthropicSpec(BaseModel):
     model: str = Field(min_length=1)
 
 
+ProviderSpec = Annotated[ReplaySpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
+
+
 class CreateTurn(BaseModel):
     text: str = Field(min_length=1)
-    provider: Annotated[ReplaySpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
+    provider: ProviderSpec
+    maxSteps: int | None = Field(None, ge=1, description="model calls this turn may make (default: the server's)")
+
+
+class Regenerate(BaseModel):
+    provider: ProviderSpec | None = Field(None, description="default: the regenerated turn's provider")
+    maxSteps: int | None = Field(None, ge=1)
+
+
+class Abort(BaseModel):
+    reason: str | None = Field(None, max_length=500)
 
 
 def error_response(exc: ServiceError) -> JSONResponse:
@@ -72,16 +98,64 @@ def error_response(exc: ServiceError) -> JSONResponse:
     return JSONResponse(exc.to_payload(), status_code=status)
 
 
-def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float,
-              provider_for: Callable[[BaseModel], Provider]) -> APIRouter:
+def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
+              check_provider: Callable[[dict[str, Any]], None], max_steps_limit: int) -> APIRouter:
     api = APIRouter(prefix="/v1")
-    tasks: set[asyncio.Task] = set()
 
     async def conversation_settings(conversation_id: str) -> dict[str, Any]:
         first = await backends.read_stream(f"conversation:{conversation_id}", 1, limit=1)
         if not first["events"] or first["events"][0]["type"] != "ConversationCreated":
             raise ServiceError(f"conversation {conversation_id} not found", code="not-found")
         return first["events"][0]["data"].get("settings", {})
+
+    async def turn_state(conversation_id: str, turn_id: str):
+        page = await backends.read_stream(f"turn:{turn_id}", 1)
+        events = page["events"]
+        while events and events[-1]["version"] < page["lastVersion"]:
+            page = await backends.read_stream(f"turn:{turn_id}", events[-1]["version"] + 1)
+            events = events + page["events"]
+        st = fold(turn_id, events)
+        if st.command is None or st.command.get("conversationId") != conversation_id:
+            raise ServiceError(f"turn {turn_id} not found in conversation {conversation_id}", code="not-found")
+        return st, events
+
+    async def provider_payload(conversation_id: str, turn_id: str, spec: BaseModel) -> dict[str, Any]:
+        """The provider as the turn command records it: never a secret; a large replay script by reference."""
+        data = spec.model_dump(exclude_none=True)
+        check_provider(data)
+        if data["kind"] == "replay":
+            raw = json.dumps({"script": data["script"], "tools": data.get("tools", [])}, ensure_ascii=False)
+            if len(raw.encode()) > REPLAY_INLINE_MAX_BYTES:
+                stored = await backends.blobs.put(raw, conversation_id, ("turn", turn_id), "tool_output",
+                                                  media_type="application/json")
+                return {"kind": "replay", "scriptRef": {"sha256": stored["sha256"], "size": stored["size"]}}
+        return data
+
+    async def enqueue(conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
+                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None) -> None:
+        if max_steps is not None and max_steps > max_steps_limit:
+            raise ServiceError(f"maxSteps {max_steps} is above this server's limit {max_steps_limit}",
+                               code="invalid-payload")
+        carrier: dict[str, str] = {}
+        inject(carrier)  # the turn continues this request's trace on whichever replica runs it
+        cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
+               "provider": provider, "settings": settings, "trace": carrier}
+        if max_steps is not None:
+            cmd["maxSteps"] = max_steps
+        if regenerate_of:
+            cmd["regenerateOf"] = regenerate_of
+        await backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        try:
+            await queue.submit(turn_id, conversation_id)
+        except Exception as exc:
+            await backends.append(f"turn:{turn_id}", [new_event("TurnFailed", {
+                "turnId": turn_id, "code": "unavailable", "message": "the work queue refused the turn",
+                "retryable": True})])
+            raise ServiceError(f"the work queue is unavailable: {exc}", code="unavailable", retryable=True) from exc
+
+    def accepted(conversation_id: str, turn_id: str, user_message_id: str) -> dict[str, Any]:
+        return {"turnId": turn_id, "userMessageId": user_message_id,
+                "events": f"/v1/conversations/{conversation_id}/turns/{turn_id}/events"}
 
     @api.post("/conversations", status_code=201)
     async def create_conversation(body: CreateConversation) -> dict[str, Any]:
@@ -110,22 +184,48 @@ def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float,
     @api.post("/conversations/{conversation_id}/turns", status_code=202)
     async def create_turn(conversation_id: str, body: CreateTurn) -> dict[str, Any]:
         cs = await conversation_settings(conversation_id)
-        provider = provider_for(body.provider)
+        turn_id, msg_id = new_id("turn"), new_id("msg")
+        provider = await provider_payload(conversation_id, turn_id, body.provider)
         hist = await backends.history(conversation_id)
         parent = hist["messages"][-1]["id"] if hist["messages"] else None
-        turn_id, msg_id = new_id("turn"), new_id("msg")
         message = {"id": msg_id, "parentId": parent, "role": "user", "parts": [{"type": "text", "text": body.text}]}
         await backends.append(f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})])
-        task = asyncio.create_task(runner.run(conversation_id, turn_id, msg_id, provider, cs))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return {"turnId": turn_id, "userMessageId": msg_id,
-                "events": f"/v1/conversations/{conversation_id}/turns/{turn_id}/events"}
+        await enqueue(conversation_id, turn_id, msg_id, provider, cs, body.maxSteps)
+        return accepted(conversation_id, turn_id, msg_id)
+
+    @api.post("/conversations/{conversation_id}/turns/{turn_id}/regenerate", status_code=202)
+    async def regenerate(conversation_id: str, turn_id: str, body: Regenerate | None = None) -> dict[str, Any]:
+        """A new turn over the same user message: its answer is a sibling branch of the regenerated one."""
+        body = body or Regenerate()
+        st, _ = await turn_state(conversation_id, turn_id)
+        cs = await conversation_settings(conversation_id)
+        new_turn = new_id("turn")
+        cmd = st.command or {}
+        provider = (await provider_payload(conversation_id, new_turn, body.provider) if body.provider
+                    else cmd["provider"])
+        max_steps = body.maxSteps if body.maxSteps is not None else cmd.get("maxSteps")
+        await enqueue(conversation_id, new_turn, cmd["userMessageId"], provider, cs, max_steps,
+                      regenerate_of=turn_id)
+        return {**accepted(conversation_id, new_turn, cmd["userMessageId"]), "regenerateOf": turn_id}
+
+    @api.post("/conversations/{conversation_id}/turns/{turn_id}/abort", status_code=202)
+    async def abort(conversation_id: str, turn_id: str, body: Abort | None = None) -> dict[str, Any]:
+        """Durable first (TurnAbortRequested, read by the runner at every step boundary and at pick-up), then a
+        wake-up for the replica running it."""
+        st, _ = await turn_state(conversation_id, turn_id)
+        if st.done:
+            raise ServiceError(f"turn {turn_id} already ended ({st.terminal['type']})", code="conflict")
+        reason = (body.reason if body else None) or "requested by the client"
+        await backends.append(f"turn:{turn_id}", [new_event("TurnAbortRequested", {"turnId": turn_id,
+                                                                                  "reason": reason})])
+        await backends.rpc.broker.publish({"turnId": turn_id, "reason": reason}, ABORT_SUBJECT)
+        return {"turnId": turn_id, "status": "abort-requested"}
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
     async def turn_events(conversation_id: str, turn_id: str, request: Request,
                           last_event_id: str | None = Header(None)) -> EventSourceResponse:
         start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 1
+        await turn_state(conversation_id, turn_id)
 
         async def stream():
             nxt = start
@@ -142,17 +242,51 @@ def build_api(backends: Backends, runner: TurnRunner, sse_poll_s: float,
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}")
     async def turn_log(conversation_id: str, turn_id: str) -> dict[str, Any]:
-        page = await backends.read_stream(f"turn:{turn_id}", 1)
-        if not page["events"]:
-            raise ServiceError(f"turn {turn_id} not found", code="not-found")
-        return {"turnId": turn_id, "events": page["events"]}
+        st, events = await turn_state(conversation_id, turn_id)
+        status = ("completed" if st.terminal and st.terminal["type"] == "TurnCompleted" else
+                  "failed" if st.terminal else "running" if st.started else "queued")
+        out: dict[str, Any] = {"turnId": turn_id, "status": status, "steps": len(st.steps), "events": events}
+        if st.terminal and st.terminal["type"] == "TurnFailed":
+            out["error"] = {k: st.terminal["data"].get(k) for k in ("code", "message", "retryable")}
+        return out
+
+    @api.get("/conversations/{conversation_id}/turns/{turn_id}/steps/{step}/request")
+    async def served_request(conversation_id: str, turn_id: str, step: int) -> Response:
+        """The request of one step exactly as the model saw it (the bytes whose sha256 is StepServed.requestHash)."""
+        _, events = await turn_state(conversation_id, turn_id)
+        served = next((e["data"] for e in events if e["type"] == "StepServed" and e["data"]["step"] == step), None)
+        if served is None:
+            raise ServiceError(f"turn {turn_id} has no step {step}", code="not-found")
+        ref = served.get("request")
+        if not ref:
+            raise ServiceError(f"step {step}'s request was not kept (CTX_KEEP_SERVED_REQUESTS off or the write "
+                               "failed)", code="not-found")
+        body = await backends.blobs.get_bytes(conversation_id, sha256=ref["sha256"])
+        return Response(body, media_type="application/json",
+                        headers={"X-Request-Hash": served["requestHash"], "ETag": f'"{served["requestHash"]}"'})
 
     @api.get("/conversations/{conversation_id}/messages")
-    async def messages(conversation_id: str) -> dict[str, Any]:
+    async def messages(conversation_id: str, branches: bool = False) -> dict[str, Any]:
         await conversation_settings(conversation_id)
+        if branches:
+            return await backends.rpc.call("ctx.persist.history", {"conversationId": conversation_id,
+                                                                   "includeBranches": True})
         return await backends.history(conversation_id)
 
-    api.state_tasks = tasks  # type: ignore[attr-defined]
+    @api.get("/conversations/{conversation_id}/messages/{message_id}/results/{tool_call_id}")
+    async def tool_result(conversation_id: str, message_id: str, tool_call_id: str) -> dict[str, Any]:
+        """A tool result read back in full for a UI: persisted envelopes are inflated by the blob store, in-flight
+        offloads are read from their blobs; a result that was never trimmed is returned as stored."""
+        # the path to the message (any branch) ends with the message itself
+        hist = await backends.rpc.call("ctx.persist.history", {"conversationId": conversation_id,
+                                                               "anchorId": message_id})
+        msg = hist["messages"][-1] if hist["messages"] else None
+        part = next((p for p in (msg or {}).get("parts", []) if p.get("type") == "tool-result"
+                     and p.get("toolCallId") == tool_call_id), None)
+        if part is None:
+            raise ServiceError(f"no tool result {tool_call_id} in message {message_id}", code="not-found")
+        return await full_output(backends, conversation_id, part)
+
     return api
 
 

@@ -1,54 +1,84 @@
 """The turn runner: turn-start compaction → tools → step loop (in-loop compaction → provider → tools →
-truncation) → persist.
+truncation) → persist. Resumable: everything it needs to continue is in the turn's events.
 
-Every step leaves events on the turn's stream `turn:<id>` (appended with expected versions: the runner is the
-stream's only writer, so a second writer is a typed conflict, not a silent interleave). The conversation
-stream receives the turn's messages once, at the end (AssistantMessageCompleted).
+A turn is a command on the work queue (adapters/work_queue.py); whichever replica gets it calls :meth:`run`,
+which folds ``turn:<id>`` (domain/turn_state.py) and continues from the first step not yet recorded:
+
+- a step whose model call is recorded (StepServed carries the assistant message) is not asked again;
+- a tool call whose result is recorded (ToolResultRecorded) is not executed again; calls of that step without a
+  recorded result are executed (they never reached the log);
+- the in-loop fold resumes from the last InLoopFoldRecorded checkpoint;
+- the end is idempotent: the persist lane's event id and the terminal event's id are derived from the turn id,
+  so two replicas racing to finish a turn complete it once.
+
+Events are appended with the stream's expected version and stable event ids: a retry of an acknowledged append
+is a no-op, a second live writer is a typed conflict (the runner then leaves the turn to the other replica).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from ctxbuild_codec.tokens import count_messages, count_text
-from ctxbuild_platform.errors import RemoteError
+from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
 from ctxbuild_providers import ModelRequest, Provider, ProviderError, ReplayProvider, ToolSpec
+from opentelemetry import context as otel_context
+from opentelemetry.propagate import extract
 
-from .adapters.backends import Backends, new_event
-from .domain.steps import assistant_message, tool_message, tool_result
-from .domain.tools import BUILTINS, offered_tools
+from .adapters.backends import Backends
+from .domain.steps import tool_result
+from .domain.tools import BUILTINS, META_TOOLS, offered_tools
+from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
 
 log = structlog.get_logger("runner")
 SYSTEM_PROMPT = (
     "You are a careful assistant working inside ctxbuild. Large tool outputs may be shown as an excerpt with a "
     "<persisted-output> block; read the full text with fs_read when you need it."
 )
+COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
+SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
+CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
+MAX_ATTEMPTS = 5  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
+class TurnTakenOver(Exception):
+    """Another writer appended to this turn's stream: it owns the turn now."""
+
+
+class TurnAborted(Exception):
+    pass
+
+
 class TurnStream:
-    """Appends to `turn:<id>` with optimistic concurrency."""
+    """Appends to `turn:<id>` with optimistic concurrency and stable event ids."""
 
-    def __init__(self, backends: Backends, turn_id: str) -> None:
+    def __init__(self, backends: Backends, turn_id: str, version: int = 0) -> None:
         self.backends = backends
+        self.turn_id = turn_id
         self.stream = f"turn:{turn_id}"
-        self.version = 0
+        self.version = version
 
-    async def emit(self, type_: str, data: dict[str, Any]) -> None:
-        reply = await self.backends.append(self.stream, [new_event(type_, data)], expected=self.version)
-        self.version = reply["toVersion"]
-
-
-COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
-SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
+    async def emit(self, type_: str, data: dict[str, Any], *key: Any) -> None:
+        ev = {"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data}
+        try:
+            reply = await self.backends.append(self.stream, [ev], expected=self.version)
+        except RemoteError as exc:
+            if exc.code == "version-conflict":
+                raise TurnTakenOver(f"{self.stream} moved past version {self.version}") from exc
+            raise
+        self.version = max(self.version, reply["toVersion"])
 
 
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
@@ -71,47 +101,125 @@ def progress(phase: str, turn_id: str, d: dict[str, Any], step: int | None = Non
     return data
 
 
-def pin_replay_step(provider: Provider, step: int) -> None:
-    """A replay script is indexed by the model calls of the turn, which ReplayProvider counts from the messages
-    (assistant rows after the last user row). Once in-loop compaction folded rows of this turn into a summary
-    row that count is wrong, so the runner — which knows the step — tells it."""
-    if isinstance(provider, ReplayProvider):
-        provider._step_index = lambda _messages, k=step - 1: k  # type: ignore[method-assign]
+def dialect_of(provider: Provider) -> str:
+    """The wire dialect the catalog sanitizes MCP schemas for."""
+    return "anthropic" if getattr(provider, "name", "") == "anthropic" else "openai"
+
+
+@dataclass
+class ToolBox:
+    """What this turn offers and how each offered name executes."""
+
+    specs: list[ToolSpec]
+    mcp_ids: set[str]
+    meta: bool  # tool_search/tool_inspect/tool_invoke are on the wire (tools deferred by the catalog)
+    system_extra: str | None
+
+
+ProviderFactory = Callable[[dict[str, Any], str, str], Awaitable[Provider]]
 
 
 class TurnRunner:
-    def __init__(self, backends: Backends, max_steps: int = 20, model: str = "replay") -> None:
+    def __init__(self, backends: Backends, make_provider: ProviderFactory, *, default_max_steps: int = 20,
+                 keep_requests: bool = True, web_tools: Any = None) -> None:
         self.backends = backends
-        self.max_steps = max_steps
-        self.model = model
+        self.make_provider = make_provider
+        self.default_max_steps = default_max_steps
+        self.keep_requests = keep_requests
+        self.web_tools = web_tools
 
-    async def run(self, conversation_id: str, turn_id: str, user_message_id: str, provider: Provider,
-                  conv_settings: dict[str, Any]) -> None:
-        ts = TurnStream(self.backends, turn_id)
-        with span("turn", **{"ctx.turn_id": turn_id, "ctx.conversation_id": conversation_id}):
-            try:
-                await ts.emit("TurnStarted", {"turnId": turn_id, "conversationId": conversation_id,
-                                              "userMessageId": user_message_id})
-                await self._run(conversation_id, turn_id, user_message_id, provider, conv_settings, ts)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._fail(ts, turn_id, "cancelled", "the turn was cancelled"))
-                raise
-            except (RemoteError, ProviderError) as exc:
-                code = getattr(exc, "code", "provider-error")
-                log.warning("turn-failed", turn_id=turn_id, code=code, error=str(exc))
-                await self._fail(ts, turn_id, code, str(exc))
-            except Exception as exc:
-                log.exception("turn-crashed", turn_id=turn_id)
-                await self._fail(ts, turn_id, "internal", f"{type(exc).__name__}: {exc}")
+    # ------------------------------------------------------------------ entry
+    async def load(self, turn_id: str) -> TurnState:
+        events: list[dict[str, Any]] = []
+        nxt = 1
+        while True:
+            page = await self.backends.read_stream(f"turn:{turn_id}", nxt)
+            events.extend(page["events"])
+            if not page["events"] or page["events"][-1]["version"] >= page["lastVersion"]:
+                break
+            nxt = page["events"][-1]["version"] + 1
+        return fold(turn_id, events)
 
-    async def _fail(self, ts: TurnStream, turn_id: str, code: str, message: str) -> None:
+    async def run(self, turn_id: str, attempt: int = 1) -> str:
+        """Run or resume a turn. Returns how this attempt ended: ``completed``, ``failed``, ``already-done``,
+        ``unknown`` (no TurnQueued: nothing to run) or ``taken-over`` (another replica writes the turn now).
+        Cancellation propagates (drain: the command is handed back, another replica resumes)."""
+        st = await self.load(turn_id)
+        if st.done:
+            return "already-done"
+        if st.command is None:
+            log.error("turn-unknown", turn_id=turn_id)
+            return "unknown"
+        cmd = st.command
+        ts = TurnStream(self.backends, turn_id, st.version)
+        parent_ctx = extract(cmd.get("trace") or {})
+        token = otel_context.attach(parent_ctx)
         try:
-            await ts.emit("TurnFailed", {"turnId": turn_id, "code": code, "message": message[:2000]})
-        except RemoteError:
-            log.error("turn-failed-not-recorded", turn_id=turn_id, code=code)
+            with span("turn", **{"ctx.turn_id": turn_id, "ctx.conversation_id": cmd["conversationId"],
+                                 "ctx.attempt": attempt}):
+                try:
+                    if st.abort:
+                        raise TurnAborted(st.abort.get("reason") or "aborted before it started")
+                    if attempt > MAX_ATTEMPTS:
+                        await self._fail(ts, "runner-crashed", f"the turn was picked up {attempt} times and never "
+                                         "finished; it is failed so it cannot crash another replica", retryable=True)
+                        return "failed"
+                    if not st.started:
+                        await ts.emit("TurnStarted", {"turnId": turn_id, "conversationId": cmd["conversationId"],
+                                                      "userMessageId": cmd["userMessageId"],
+                                                      "anchorId": cmd["userMessageId"]})
+                    else:
+                        await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
+                                                      "fromStep": st.next_step}, st.attempts + 1)
+                    await self._run(st, ts)
+                    return "completed"
+                except TurnTakenOver as exc:
+                    log.warning("turn-taken-over", turn_id=turn_id, error=str(exc))
+                    return "taken-over"
+                except TurnAborted as exc:
+                    await self._fail(ts, "aborted", f"the turn was aborted: {exc}")
+                    return "failed"
+                except (RemoteError, ProviderError) as exc:
+                    code = getattr(exc, "code", "provider-error")
+                    log.warning("turn-failed", turn_id=turn_id, code=code, error=str(exc))
+                    await self._fail(ts, code, str(exc), retryable=getattr(exc, "retryable", None))
+                    return "failed"
+                except ServiceError as exc:
+                    await self._fail(ts, exc.code, str(exc), retryable=exc.retryable)
+                    return "failed"
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.exception("turn-crashed", turn_id=turn_id)
+                    await self._fail(ts, "internal", f"{type(exc).__name__}: {exc}")
+                    return "failed"
+        finally:
+            otel_context.detach(token)
 
-    async def _run(self, conversation_id: str, turn_id: str, user_message_id: str, provider: Provider,
-                   cs: dict[str, Any], ts: TurnStream) -> None:
+    async def abort_now(self, turn_id: str, reason: str) -> None:
+        """Record the abort of a turn no runner holds (queued, or its runner died): the terminal event."""
+        st = await self.load(turn_id)
+        if not st.done:
+            await self._fail(TurnStream(self.backends, turn_id, st.version), "aborted", f"the turn was aborted: {reason}")
+
+    async def _fail(self, ts: TurnStream, code: str, message: str, retryable: bool | None = None) -> None:
+        data = {"turnId": ts.turn_id, "code": code, "message": message[:2000]}
+        if retryable is not None:
+            data["retryable"] = retryable
+        try:
+            # same event id as TurnCompleted: a turn has exactly one terminal event whoever writes first
+            await self.backends.append(ts.stream, [{"eventId": event_id(ts.turn_id, "terminal"),
+                                                    "type": "TurnFailed", "data": data}])
+        except RemoteError:
+            log.error("turn-failed-not-recorded", turn_id=ts.turn_id, code=code)
+
+    # ------------------------------------------------------------------ the loop
+    async def _run(self, st: TurnState, ts: TurnStream) -> None:
+        cmd = st.command or {}
+        turn_id, conversation_id, user_message_id = st.turn_id, cmd["conversationId"], cmd["userMessageId"]
+        cs: dict[str, Any] = cmd.get("settings") or {}
+        max_steps = int(cmd.get("maxSteps") or self.default_max_steps)
+        provider = await self.make_provider(cmd["provider"], conversation_id, turn_id)
         window = {"contextWindow": cs.get("contextWindow"), "reservation": cs.get("reservation")}
         compaction = {**window, "compressEnabled": cs.get("compressEnabled", True),
                       **{k: cs[k] for k in SUMMARIZER_SETTINGS if cs.get(k) is not None},
@@ -120,66 +228,208 @@ class TurnRunner:
             start = await self.backends.rpc.call("ctx.compact.turn_start", {
                 "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
                 "settings": {**compaction, "maxMessages": cs.get("maxMessages")}}, timeout=COMPACTION_TIMEOUT_S)
-        await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]))
+        if not st.turn_start_recorded:
+            await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
         served: list[dict[str, Any]] = start["messages"]
-        mcp_tools: list[dict[str, Any]] = []
-        if cs.get("mcpMode", "manual") != "disabled":
-            resolved = await self.backends.resolve_tools(cs.get("mcpMode", "manual"), cs.get("mcpServers", []))
-            mcp_tools = resolved["tools"]
-        tools = offered_tools(start["retained"], mcp_tools, can_offload=True)
-        mcp_by_id = {t["id"]: t for t in mcp_tools}
-        turn_messages: list[dict[str, Any]] = []
-        parent = user_message_id
+        box = await self._toolbox(provider, cs, start["retained"], turn_id)
+        system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "")
         trunc_settings = {"truncateThreshold": cs.get("truncateThreshold"), **window}
+        fixed = fixed_tokens(system, box.specs)
+        checkpoint = st.checkpoint
+        model_name = getattr(provider, "model", None) or getattr(provider, "name", "model")
 
-        fixed = fixed_tokens(SYSTEM_PROMPT, tools)
-        checkpoint: dict[str, Any] | None = None  # the in-loop fold memo (SPEC §9); None = nothing folded yet
-
-        for step in range(1, self.max_steps + 1):
+        for step in range(1, max_steps + 1):
+            if step in st.steps:
+                rec = st.steps[step]
+                if not rec.complete:
+                    await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+                if not rec.calls:
+                    return await self._finish(st, ts, step, conversation_id, cs)
+                continue
+            await self._check_abort(st, ts)
+            turn_messages = st.messages(user_message_id)
             with span("compaction.in_loop", **{"ctx.step": step}):
                 messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
                                                            checkpoint, start["retained"], fixed, compaction, ts)
-            request = ModelRequest(model=self.model, system=SYSTEM_PROMPT, messages=messages, tools=tools)
-            pin_replay_step(provider, step)
-            with span("provider.call", **{"ctx.step": step}):
-                response = await provider.complete(request)
-            await ts.emit("StepServed", {"turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
-                                         "messagesServed": len(messages), "requestHash": request.digest(),
-                                         "usage": response.usage})
-            a_msg = assistant_message(new_id("msg"), parent, turn_id, response.parts, response.usage)
-            turn_messages.append(a_msg)
-            parent = a_msg["id"]
+            request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
+            body = request.render()
+            stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
+                if self.keep_requests else None
+            with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
+                t0 = time.perf_counter()
+                response = await self._complete(provider, request, step)
+                model_ms = round((time.perf_counter() - t0) * 1000, 3)
+            parent = turn_messages[-1]["id"] if turn_messages else user_message_id
+            a_msg = {"id": message_id(turn_id, step, "a"), "parentId": parent, "role": "assistant",
+                     "parts": response.parts, "turnId": turn_id}
+            if response.usage:
+                a_msg["usage"] = response.usage
+            served_ev: dict[str, Any] = {
+                "turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
+                "messagesServed": len(messages), "requestHash": request.digest(), "requestBytes": len(body),
+                "usage": response.usage, "modelMs": model_ms, "stopReason": response.stop_reason,
+                "assistantMessage": a_msg}
+            if stored is not None:
+                ref = await stored
+                if ref:
+                    served_ev["request"] = ref
+            await ts.emit("StepServed", served_ev, step)
+            st.steps[step] = StepRecord(step, a_msg)
             if not response.tool_calls:
-                await self.backends.complete_turn(conversation_id, turn_id, turn_messages,
-                                                  cs.get("truncateThreshold"))
-                await ts.emit("TurnCompleted", {"turnId": turn_id, "steps": step,
-                                                "messageIds": [m["id"] for m in turn_messages]})
-                return
-            results = []
-            for call in response.tool_calls:
-                await ts.emit("ToolCallRequested", {"turnId": turn_id, "step": step, "toolCallId": call["toolCallId"],
-                                                    "toolName": call["toolName"], "input": call["input"]})
-                with span("tool", **{"ctx.tool": call["toolName"]}):
-                    output = await self._execute(conversation_id, turn_id, call, mcp_by_id)
-                results.append(tool_result(call, output))
-            with span("truncation.step", **{"ctx.step": step}):
+                return await self._finish(st, ts, step, conversation_id, cs)
+            await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+        await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its steps are "
+                         "recorded — send a follow-up message to continue", retryable=False)
+
+    async def _check_abort(self, st: TurnState, ts: TurnStream) -> None:
+        """The durable abort flag (TurnAbortRequested) is read at every step boundary; any other event this
+        runner did not write means another replica owns the turn now."""
+        page = await self.backends.read_stream(ts.stream, ts.version + 1)
+        for ev in page["events"]:
+            if ev["type"] == "TurnAbortRequested":
+                raise TurnAborted(ev["data"].get("reason") or "requested")
+            raise TurnTakenOver(f"turn:{st.turn_id} has an event this runner did not write ({ev['type']})")
+
+    async def _complete(self, provider: Provider, request: ModelRequest, step: int):
+        if isinstance(provider, ReplayProvider):
+            try:
+                return await provider.complete(request, step=step)
+            except TypeError:  # an older ReplayProvider without the explicit step
+                provider._step_index = lambda _m, k=step - 1: k  # type: ignore[method-assign]
+                return await provider.complete(request)
+        return await provider.complete(request)
+
+    async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any] | None:
+        """The served request, byte for byte, as a blob of the turn (its sha256 is the StepServed requestHash):
+        what the model saw stays inspectable. Best effort: a failed write never fails the step."""
+        try:
+            r = await self.backends.blobs.put(body, conversation_id, ("turn", turn_id), "tool_output",
+                                              media_type="application/json")
+            return {"sha256": r["sha256"], "size": r["size"]}
+        except (RemoteError, Exception) as exc:  # noqa: BLE001 — observability must not fail the turn
+            log.warning("served-request-not-kept", turn_id=turn_id, error=str(exc))
+            return None
+
+    async def _finish(self, st: TurnState, ts: TurnStream, steps: int, conversation_id: str,
+                      cs: dict[str, Any]) -> None:
+        cmd = st.command or {}
+        messages = st.messages(cmd["userMessageId"])
+        await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                          event_id=event_id(st.turn_id, "persist"))
+        try:
+            await self.backends.blobs.release(("turn", st.turn_id), "provisional")
+        except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
+            log.warning("provisional-release-failed", turn_id=st.turn_id, error=str(exc))
+        await self.backends.append(ts.stream, [{"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                                                "data": {"turnId": st.turn_id, "steps": steps,
+                                                         "messageIds": [m["id"] for m in messages]}}])
+
+    # ------------------------------------------------------------------ tools
+    async def _toolbox(self, provider: Provider, cs: dict[str, Any], retained: dict[str, Any],
+                       turn_id: str) -> ToolBox:
+        mcp_tools: list[dict[str, Any]] = []
+        wire: dict[str, Any] | None = None
+        if cs.get("mcpMode", "manual") != "disabled" and (cs.get("mcpServers") or cs.get("mcpMode") == "auto"):
+            resolved = await self.backends.resolve_tools(cs.get("mcpMode", "manual"), cs.get("mcpServers", []),
+                                                         dialect=dialect_of(provider),
+                                                         context_window=cs.get("contextWindow"), turn_id=turn_id)
+            mcp_tools, wire = resolved["tools"], resolved.get("wire")
+        extra: list[ToolSpec] = []
+        if self.web_tools is not None:
+            extra.extend(self.web_tools.specs())
+        extra.extend(getattr(provider, "recorded_tools", None) or [])
+        if wire is not None:
+            wire_specs = [ToolSpec(t["name"], t.get("description", ""), t.get("inputSchema") or {"type": "object"})
+                          for t in wire["tools"]]
+            specs = offered_tools(retained, [], can_offload=True, others=extra + wire_specs)
+            return ToolBox(specs, {t["id"] for t in mcp_tools}, any(t.name in META_TOOLS for t in wire_specs),
+                           wire.get("systemPrompt"))
+        specs = offered_tools(retained, mcp_tools, can_offload=True, others=extra)
+        return ToolBox(specs, {t["id"] for t in mcp_tools}, False, None)
+
+    async def _tools(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
+                     trunc_settings: dict[str, Any], conversation_id: str) -> None:
+        """Execute the step's calls that have no recorded result, truncate them, record them (one event each)."""
+        rec = st.steps[step]
+        todo = [c for c in rec.calls if c["toolCallId"] not in rec.results]
+        results: list[dict[str, Any]] = []
+        for call in todo:
+            if call["toolCallId"] not in rec.requested:
+                await ts.emit("ToolCallRequested", {"turnId": st.turn_id, "step": step,
+                                                    "toolCallId": call["toolCallId"], "toolName": call["toolName"],
+                                                    "input": call.get("input") or {}}, step, call["toolCallId"])
+                rec.requested.add(call["toolCallId"])
+            with span("tool", **{"ctx.tool": call["toolName"], "ctx.step": step}):
+                output, effective = await self._execute(conversation_id, st.turn_id, call, box, provider)
+            results.append(tool_result(call, output, effective))
+        if not results:
+            return
+        with span("truncation.step", **{"ctx.step": step}):
+            trimmed = await self._truncate(conversation_id, st.turn_id, trunc_settings, results)
+        for part in trimmed:
+            data = {"turnId": st.turn_id, "step": step, "toolCallId": part["toolCallId"],
+                    "toolName": part["toolName"], "output": part["output"], "trimmed": "offload" in part}
+            if part.get("effectiveToolName"):
+                data["effectiveToolName"] = part["effectiveToolName"]
+            if "offload" in part:
+                data["offload"] = part["offload"]
+            await ts.emit("ToolResultRecorded", data, step, part["toolCallId"])
+            rec.results[part["toolCallId"]] = part
+
+    async def _truncate(self, conversation_id: str, turn_id: str, settings: dict[str, Any],
+                        results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """ctx.truncate.step; outputs too large for one NATS message go by claim check (stored first, owned by the
+        turn as provisional). Truncation unavailable → the full outputs (better fat than lost)."""
+        parts, claims = [], []
+        for i, part in enumerate(results):
+            out = part["output"]
+            value = out.get("value") if out.get("type") in ("text", "error-text") else None
+            if isinstance(value, str) and len(value) * 4 > CLAIM_MIN_BYTES \
+                    and len(value.encode("utf-8", "surrogatepass")) > CLAIM_MIN_BYTES:
                 try:
-                    trimmed = (await self.backends.truncate_step(conversation_id, turn_id, trunc_settings,
-                                                                 results))["parts"]
+                    stored = await self.backends.blobs.put(value, conversation_id, ("turn", turn_id), "provisional")
+                    claims.append({"part": i, "sha256": stored["sha256"], "size": stored["size"]})
+                    part = {**part, "output": {"type": out["type"], "value": ""}}
                 except RemoteError as exc:
-                    # better fat than lost: serve the full outputs if the truncation service is unavailable
-                    log.warning("truncation-unavailable", turn_id=turn_id, error=str(exc))
-                    trimmed = results
-            for part in trimmed:
-                await ts.emit("ToolResultRecorded", {
-                    "turnId": turn_id, "step": step, "toolCallId": part["toolCallId"], "toolName": part["toolName"],
-                    "output": part["output"], "trimmed": "offload" in part,
-                    **({"offload": part["offload"]} if "offload" in part else {})})
-            t_msg = tool_message(new_id("msg"), parent, turn_id, trimmed)
-            turn_messages.append(t_msg)
-            parent = t_msg["id"]
-        await ts.emit("TurnFailed", {"turnId": turn_id, "code": "step-limit",
-                                     "message": f"the turn needed more than {self.max_steps} model calls"})
+                    log.warning("claim-put-failed", turn_id=turn_id, error=str(exc))
+            parts.append(part)
+        try:
+            return (await self.backends.truncate_step(conversation_id, turn_id, settings, parts, claims))["parts"]
+        except RemoteError as exc:
+            if claims:
+                raise  # the outputs are in the blob store, not here: nothing to fall back to inline
+            log.warning("truncation-unavailable", turn_id=turn_id, error=str(exc))
+            return results
+
+    async def _execute(self, conversation_id: str, turn_id: str, call: dict[str, Any], box: ToolBox,
+                       provider: Provider) -> tuple[dict[str, Any], str | None]:
+        """(output, effectiveToolName). Tool failures are outputs the model can read, never turn failures."""
+        name, args = call["toolName"], call.get("input") or {}
+        recorded = getattr(provider, "recorded_output", None)
+        if recorded is not None:
+            out = recorded(call["toolCallId"])
+            if out is not None:
+                return out, None
+        try:
+            if name == "read_file":
+                r = await self.backends.read_file(conversation_id, args)
+                return {"type": "error-text" if "error" in r else "text", "value": r["modelText"]}, None
+            if name == "fs_read":
+                r = await self.backends.fs_read(conversation_id, turn_id, args)
+                return {"type": "error-text" if r.get("kind") == "error" else "text", "value": r["modelText"]}, None
+            if box.meta and name in META_TOOLS:
+                r = await self.backends.meta(turn_id, name, args, call["toolCallId"])
+                return r["output"], r.get("effectiveToolName")
+            if name in box.mcp_ids:
+                return (await self.backends.invoke(name, args, call["toolCallId"]))["output"], None
+            if self.web_tools is not None:
+                out = await self.web_tools.execute(name, args)
+                if out is not None:
+                    return out, None
+        except RemoteError as exc:
+            return {"type": "error-text", "value": f"[Error: {exc.code}] {exc.remote_message}"}, None
+        known = sorted({t.name for t in box.specs} | BUILTINS)
+        return {"type": "error-text", "value": f"[Error: unknown-tool] {name} is not available; tools: {known}"}, None
 
     async def _in_loop(self, conversation_id: str, turn_id: str, step: int, full: list[dict[str, Any]],
                        checkpoint: dict[str, Any] | None, retained: dict[str, Any], fixed: int,
@@ -200,25 +450,8 @@ class TurnRunner:
             return [*prefix, *full[offset:]], checkpoint
         new = reply["checkpoint"]
         if reply["checkpointChanged"]:
-            await ts.emit("InLoopFoldRecorded", {"turnId": turn_id, **new, "step": step})
+            await ts.emit("InLoopFoldRecorded", {"turnId": turn_id, **new, "step": step}, step)
         d = reply["decision"]
         if d["status"] != "serve":
-            await ts.emit("CompactionDecided", progress("in-loop", turn_id, d, step))
+            await ts.emit("CompactionDecided", progress("in-loop", turn_id, d, step), "in-loop", step)
         return reply["messages"], new
-
-    async def _execute(self, conversation_id: str, turn_id: str, call: dict[str, Any],
-                       mcp_by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        name, args = call["toolName"], call.get("input") or {}
-        try:
-            if name == "read_file":
-                r = await self.backends.read_file(conversation_id, args)
-                return {"type": "error-text" if "error" in r else "text", "value": r["modelText"]}
-            if name == "fs_read":
-                r = await self.backends.fs_read(conversation_id, turn_id, args)
-                return {"type": "error-text" if r.get("kind") == "error" else "text", "value": r["modelText"]}
-            if name in mcp_by_id:
-                return (await self.backends.invoke(name, args, call["toolCallId"]))["output"]
-        except RemoteError as exc:
-            return {"type": "error-text", "value": f"[Error: {exc.code}] {exc.remote_message}"}
-        known = sorted(BUILTINS | set(mcp_by_id))
-        return {"type": "error-text", "value": f"[Error: unknown-tool] {name} is not available; tools: {known}"}

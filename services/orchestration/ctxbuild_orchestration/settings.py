@@ -1,12 +1,25 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from ctxbuild_platform.settings import ServiceSettings
 from pydantic import Field, SecretStr
 
+from .tools.settings import WebToolSettings
 
-class Settings(ServiceSettings):
+
+class Settings(ServiceSettings, WebToolSettings):
     service_name: str = "orchestration"
-    max_steps: int = Field(20, description="a turn that needs more model calls ends with TurnFailed(step-limit)")
+    role: Literal["all", "edge", "runner"] = Field(
+        "all", description="edge = HTTP API only; runner = pulls turns from the work queue only; all = both")
+    max_steps: int = Field(20, ge=1, description="default model calls per turn; more ends it with TurnFailed(step-limit)")
+    max_steps_limit: int = Field(200, ge=1, description="the most a turn may ask for with maxSteps")
+    max_concurrent_turns: int = Field(16, ge=1, description="turns one runner replica runs at once")
+    turn_ack_wait_s: float = Field(30.0, gt=1, description="a runner silent this long (no heartbeat) loses its turn "
+                                   "to another replica, which resumes it from the events")
+    turns_stream: str = Field("CTX_TURNS", description="JetStream work-queue stream of turn commands")
+    turns_consumer: str = Field("turn-runner", description="durable pull consumer shared by the runner replicas")
+    keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"
     sse_poll_s: float = Field(0.2, description="SSE: how often to read new turn events when no wake-up arrives")
     tool_timeout_s: float = 60.0

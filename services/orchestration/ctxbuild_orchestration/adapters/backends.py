@@ -35,10 +35,11 @@ class Backends:
         return await self.rpc.call("ctx.persist.read_stream", req)
 
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
-                            truncate_threshold: int | None) -> dict:
-        """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes."""
+                            truncate_threshold: int | None, event_id: str | None = None) -> dict:
+        """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.
+        Idempotent by ``event_id`` (a resumed turn passes the same one)."""
         return await self.rpc.call("ctx.persist.complete_turn", {
-            "conversationId": conversation_id, "turnId": turn_id, "eventId": str(uuid.uuid4()),
+            "conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
             "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}, timeout=120)
 
     async def history(self, conversation_id: str) -> dict:
@@ -51,9 +52,12 @@ class Backends:
 
     # truncation
     async def truncate_step(self, conversation_id: str, turn_id: str, settings: dict[str, Any],
-                            parts: list[dict[str, Any]]) -> dict:
-        return await self.rpc.call("ctx.truncate.step", {"conversationId": conversation_id, "turnId": turn_id,
-                                                         "settings": settings, "parts": parts}, timeout=60)
+                            parts: list[dict[str, Any]], claims: list[dict[str, Any]] | None = None) -> dict:
+        req: dict[str, Any] = {"conversationId": conversation_id, "turnId": turn_id, "settings": settings,
+                               "parts": parts}
+        if claims:
+            req["claims"] = claims
+        return await self.rpc.call("ctx.truncate.step", req, timeout=120)
 
     # blob store
     async def attach(self, conversation_id: str, display_name: str, content: Content, media_type: str) -> dict:
@@ -68,11 +72,23 @@ class Backends:
                                    timeout=self.tool_timeout_s)
 
     # MCP catalog
-    async def resolve_tools(self, mode: str, server_ids: list[str] | None) -> dict:
+    async def resolve_tools(self, mode: str, server_ids: list[str] | None, *, dialect: str | None = None,
+                            context_window: float | None = None, turn_id: str | None = None) -> dict:
+        """Tools for a turn; with a dialect the reply carries wire-safe schemas and the deferral decision, and
+        with a turn id the catalog keeps the turn's meta-tool state (ctx.mcp.meta)."""
         req: dict[str, Any] = {"mode": mode}
         if server_ids is not None:
             req["serverIds"] = server_ids
+        if dialect:
+            req["dialect"] = dialect
+            req["contextWindow"] = context_window
+        if turn_id:
+            req["turnId"] = turn_id
         return await self.rpc.call("ctx.mcp.resolve", req, timeout=30)
+
+    async def meta(self, turn_id: str, tool: str, arguments: dict[str, Any], call_id: str) -> dict:
+        return await self.rpc.call("ctx.mcp.meta", {"turnId": turn_id, "tool": tool, "arguments": arguments,
+                                                    "callId": call_id}, timeout=self.tool_timeout_s)
 
     async def invoke(self, tool_id: str, arguments: dict[str, Any], call_id: str) -> dict:
         return await self.rpc.call("ctx.mcp.invoke", {"toolId": tool_id, "arguments": arguments, "callId": call_id},

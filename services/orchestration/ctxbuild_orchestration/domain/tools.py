@@ -35,17 +35,22 @@ FS_READ = ToolSpec(
     },
 )
 BUILTINS = {"read_file", "fs_read"}
+WEB_TOOLS = {"web_fetch", "web_search"}
+META_TOOLS = {"tool_search", "tool_inspect", "tool_invoke"}  # the catalog's stand-ins for deferred MCP tools
 
 
-def offered_tools(retained: dict[str, Any], mcp_tools: list[dict[str, Any]], can_offload: bool) -> list[ToolSpec]:
+def offered_tools(retained: dict[str, Any], mcp_tools: list[dict[str, Any]], can_offload: bool,
+                  others: list[ToolSpec] | None = None) -> list[ToolSpec]:
     """read_file only with attachments (from the authoritative list, finding #2); fs_read when something is
-    archived or can be offloaded this turn, and never as the only tool with nothing to read."""
+    archived or can be offloaded this turn, and never as the only tool with nothing to read. ``others``: tools
+    already in wire form (web tools, recorded replay tools, the catalog's wire tools), offered after the builtins."""
     tools: list[ToolSpec] = []
     if retained.get("fileAttachments"):
         tools.append(READ_FILE)
     mcp = [ToolSpec(t["id"], t.get("description") or t["name"], t.get("inputSchema") or {"type": "object"})
            for t in mcp_tools]
+    rest = [t for t in (others or []) if t.name not in BUILTINS]
     has_archive = bool(retained.get("persistedUris"))
-    if has_archive or (can_offload and (tools or mcp)):
+    if has_archive or (can_offload and (tools or mcp or rest)):
         tools.append(FS_READ)
-    return tools + mcp
+    return tools + rest + mcp
