@@ -37,7 +37,8 @@ async def test_turn_with_a_real_adapter(all_services, fake_openai):
     assert final["role"] == "assistant"
     assert final["parts"] == [{"type": "text", "text": f"I read {len(tool_msgs[0]['content'])} characters."}]
     assert final["usage"]["cacheReadTokens"] > 0
-    assert {t["function"]["name"] for t in wire["tools"]} == {"read_file", "fs_read"}
+    # read_file (an attachment exists), fs_read (it can offload), web_fetch (on by default in a deployment)
+    assert {t["function"]["name"] for t in wire["tools"]} == {"read_file", "fs_read", "web_fetch"}
 
 
 async def test_unconfigured_provider_is_a_typed_error(all_services):

@@ -1,4 +1,5 @@
-"""The Anthropic Messages adapter against a local server that enforces the wire rules."""
+"""The Anthropic Messages adapter (real `anthropic` SDK) against a local server that enforces the wire rules,
+streamed (SSE events) and not."""
 
 from __future__ import annotations
 
@@ -11,31 +12,44 @@ from tests.support.fake_anthropic import FakeAnthropic
 pytestmark = pytest.mark.integration
 
 TOOL = ToolSpec("lookup", "look something up", {"type": "object", "properties": {"q": {"type": "integer"}}})
+USER = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fake():
+    """Per test: the fake's cache answer depends on how many requests it has seen."""
     server = FakeAnthropic(free_port()).start()
     yield server
     server.stop()
 
 
-async def test_tool_use_round_trip_with_cache_breakpoints(fake):
-    p = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0)
-    user = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
-    first = await p.complete(ModelRequest("claude-fake", "system prompt", [user], [TOOL]))
-    assert first.stop_reason == "tool_calls"
-    assert first.parts[1] == {"type": "tool-call", "toolCallId": "toolu_1", "toolName": "lookup", "input": {"q": 1}}
-    assert first.usage == {"inputTokens": 50, "outputTokens": 9, "cacheWriteTokens": 400}
+class Deltas(list):
+    async def __call__(self, text: str) -> None:
+        self.append(text)
 
-    history = [user, {"id": "a", "role": "assistant", "parts": first.parts},
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_tool_use_round_trip_with_cache_breakpoints(fake, stream):
+    p = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0, stream=stream)
+    deltas = Deltas()
+    first = await p.complete(ModelRequest("claude-fake", "system prompt", [USER], [TOOL]), on_text=deltas)
+    assert first.stop_reason == "tool_calls"
+    assert first.parts == [{"type": "text", "text": "let me look"},
+                           {"type": "tool-call", "toolCallId": "toolu_1", "toolName": "lookup", "input": {"q": 1}}]
+    assert "".join(deltas) == "let me look" and (len(deltas) > 1) is stream
+    # input_tokens (50) is the uncached tail: the prompt also holds the 400 tokens written to the cache
+    assert first.usage == {"inputTokens": 450, "outputTokens": 9, "cacheReadTokens": 0, "cacheWriteTokens": 400}
+
+    history = [USER, {"id": "a", "role": "assistant", "parts": first.parts},
                {"id": "t", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "toolu_1",
                                                       "toolName": "lookup",
                                                       "output": {"type": "error-text", "value": "[Error: x] no"}}]}]
     second = await p.complete(ModelRequest("claude-fake", "system prompt", history, [TOOL]))
-    assert second.parts == [{"type": "text", "text": "got 1 result(s)"}] and second.usage["cacheReadTokens"] == 400
+    assert second.parts == [{"type": "text", "text": "got 1 result(s)"}] and second.stop_reason == "stop"
+    assert second.usage == {"inputTokens": 450, "outputTokens": 9, "cacheReadTokens": 400, "cacheWriteTokens": 0}
 
     wire = fake.requests[-1]
+    assert wire.get("stream", False) is stream
     assert [m["role"] for m in wire["messages"]] == ["user", "assistant", "user"]
     assert wire["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "toolu_1",
                                                  "content": "[Error: x] no", "is_error": True,
@@ -51,3 +65,34 @@ async def test_wire_rule_violations_surface_as_provider_errors(fake):
     with pytest.raises(ProviderError) as err:
         await p.complete(ModelRequest("claude-fake", "", orphan, [TOOL]))
     assert "400" in str(err.value) and not err.value.retryable
+
+
+async def test_malformed_streamed_tool_input_is_a_typed_error(fake):
+    p = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0)
+    fake.reply_next = [{"type": "tool_use", "id": "toolu_x", "name": "lookup", "raw_input": '{"q": 1,'}]
+    with pytest.raises(ProviderError) as err:
+        await p.complete(ModelRequest("claude-fake", "", [USER], [TOOL]))
+    assert "lookup" in str(err.value) and "invalid JSON" in str(err.value) and not err.value.retryable
+
+
+@pytest.mark.parametrize(("fault", "says"), [("cut", "message_stop"), ("drop", "RemoteProtocolError"),
+                                             ("overloaded", "overloaded_error")])
+async def test_a_broken_stream_is_a_retryable_provider_error(fake, fault, says):
+    p = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0)
+    fake.break_next = fault
+    with pytest.raises(ProviderError) as err:
+        await p.complete(ModelRequest("claude-fake", "", [USER], [TOOL]))
+    assert err.value.retryable and says in str(err.value)
+
+
+async def test_overloaded_status_is_retryable_and_the_sdk_retries_are_configurable(fake):
+    fake.fail_next = 529
+    with pytest.raises(ProviderError) as err:
+        await AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0).complete(
+            ModelRequest("claude-fake", "", [USER], [TOOL]))
+    assert err.value.retryable and err.value.status == 529
+    fake.fail_next = 529
+    before = len(fake.requests)
+    retrying = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=1)
+    r = await retrying.complete(ModelRequest("claude-fake", "", [USER], [TOOL]))
+    assert r.stop_reason == "tool_calls" and len(fake.requests) == before + 2

@@ -1,16 +1,31 @@
 """A local server speaking the Anthropic Messages wire format, checking the rules the real API enforces that a
 client can get wrong: alternating roles starting with user, every tool_result answering a tool_use of the
-previous assistant turn, at most 4 cache_control breakpoints, tool input schemas of type object."""
+previous assistant turn, at most 4 cache_control breakpoints, tool input schemas of type object.
+
+``"stream": true`` is answered the way the Messages API streams: SSE events ``message_start`` (usage with the
+cache counts), a ``ping``, per block ``content_block_start`` / ``content_block_delta`` (``text_delta`` pieces,
+``input_json_delta`` fragments of the tool input) / ``content_block_stop``, then ``message_delta`` (stop_reason,
+output_tokens) and ``message_stop``.
+
+Test knobs (each applies to the next request only): ``fail_next`` (an HTTP status), ``reply_next`` (the content
+blocks to answer with; a tool_use block may carry ``"raw_input"``, the exact JSON text to stream), ``break_next``
+(``"cut"``: the body ends before message_stop; ``"drop"``: the connection is lost mid-body; ``"overloaded"``: an
+``event: error`` of type overloaded_error mid-stream).
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+from itertools import pairwise
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.support.fake_openai import pieces
 from tests.support.server import ThreadedServer
 
 
@@ -19,7 +34,7 @@ def wire_errors(body: dict[str, Any]) -> list[str]:
     msgs = body.get("messages", [])
     if not msgs or msgs[0]["role"] != "user":
         errors.append("first message must be user")
-    for a, b in zip(msgs, msgs[1:], strict=False):
+    for a, b in pairwise(msgs):
         if a["role"] == b["role"]:
             errors.append("roles must alternate")
     for i, m in enumerate(msgs):
@@ -42,32 +57,83 @@ def wire_errors(body: dict[str, Any]) -> list[str]:
 class FakeAnthropic(ThreadedServer):
     def __init__(self, port: int) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.fail_next: int | None = None
+        self.reply_next: list[dict[str, Any]] | None = None
+        self.break_next: str | None = None
         super().__init__(Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])]), port)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def messages(self, request: Request) -> JSONResponse:
+    def decide(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        last = body["messages"][-1]["content"]
+        if any(c.get("type") == "tool_result" for c in last):
+            return [{"type": "text", "text": f"got {len(last)} result(s)"}]
+        tool = body["tools"][0]["name"]
+        return [{"type": "text", "text": "let me look"},
+                {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": tool, "input": {"q": 1}}]
+
+    async def messages(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self.fail_next:
+            status, self.fail_next = self.fail_next, None
+            return JSONResponse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+                                status_code=status)
         errors = wire_errors(body)
         if errors:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
                                                              "message": "; ".join(errors)}}, status_code=400)
-        last = body["messages"][-1]["content"]
-        if any(c.get("type") == "tool_result" for c in last):
-            content = [{"type": "text", "text": f"got {len(last)} result(s)"}]
-            stop = "end_turn"
-        else:
-            tool = body["tools"][0]["name"]
-            content = [{"type": "text", "text": "let me look"},
-                       {"type": "tool_use", "id": f"toolu_{len(self.requests)}", "name": tool, "input": {"q": 1}}]
-            stop = "tool_use"
+        content, self.reply_next = self.reply_next or self.decide(body), None
+        stop = "tool_use" if any(c["type"] == "tool_use" for c in content) else "end_turn"
         cached = len(self.requests) > 1
-        return JSONResponse({
-            "id": f"msg_{len(self.requests)}", "type": "message", "role": "assistant", "model": body["model"],
-            "content": content, "stop_reason": stop, "stop_sequence": None,
-            "usage": {"input_tokens": 50, "output_tokens": 9, "cache_read_input_tokens": 400 if cached else 0,
-                      "cache_creation_input_tokens": 0 if cached else 400},
-        })
+        usage = {"input_tokens": 50, "output_tokens": 9, "cache_read_input_tokens": 400 if cached else 0,
+                 "cache_creation_input_tokens": 0 if cached else 400}
+        message = {"id": f"msg_{len(self.requests)}", "type": "message", "role": "assistant", "model": body["model"],
+                   "stop_sequence": None}
+        if not body.get("stream"):
+            blocks = [{k: v for k, v in c.items() if k != "raw_input"} for c in content]
+            return JSONResponse({**message, "content": blocks, "stop_reason": stop, "usage": usage})
+        fault, self.break_next = self.break_next, None
+        return StreamingResponse(self.sse(self.events(message, content, stop, usage), fault),
+                                 media_type="text/event-stream")
+
+    @staticmethod
+    def events(message: dict[str, Any], content: list[dict[str, Any]], stop: str,
+               usage: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        start_usage = {**usage, "output_tokens": 1}  # the API reports output so far; message_delta has the total
+        out = [("message_start", {"type": "message_start", "message": {**message, "content": [], "stop_reason": None,
+                                                                        "usage": start_usage}}),
+               ("ping", {"type": "ping"})]
+        for i, block in enumerate(content):
+            if block["type"] == "text":
+                out.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                    "content_block": {"type": "text", "text": ""}}))
+                out += [("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                 "delta": {"type": "text_delta", "text": p}})
+                        for p in pieces(block["text"])]
+            else:
+                raw = block.get("raw_input", json.dumps(block.get("input", {})))
+                out.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
+                    "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+                out += [("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                 "delta": {"type": "input_json_delta", "partial_json": p}})
+                        for p in pieces(raw, 4)]
+            out.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+        out.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                      "usage": {"output_tokens": usage["output_tokens"]}}))
+        out.append(("message_stop", {"type": "message_stop"}))
+        return out
+
+    @staticmethod
+    async def sse(events: list[tuple[str, dict[str, Any]]], fault: str | None) -> AsyncIterator[bytes]:
+        for n, (name, data) in enumerate(events):
+            if fault and n == 3:
+                if fault == "overloaded":
+                    yield (b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", '
+                           b'"message": "Overloaded"}}\n\n')
+                if fault == "drop":
+                    raise ConnectionAbortedError("fake: connection dropped mid-stream")
+                return  # "cut": the body ends cleanly before message_stop
+            yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()

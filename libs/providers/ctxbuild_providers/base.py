@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# receives the model's text as it streams (one call per delta; a non-streaming call gives one delta)
+TextCallback = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,9 @@ class ModelRequest:
 
 @dataclass
 class ModelResponse:
-    """The assistant's parts (text and/or tool-call parts, SPEC §1) and provider-reported usage."""
+    """The assistant's parts (text and/or tool-call parts, SPEC §1) and provider-reported usage
+    (``inputTokens``, ``outputTokens`` and, when the provider reports them, ``cacheReadTokens`` /
+    ``cacheWriteTokens`` — integers, contracts/model/usage.json)."""
 
     parts: list[dict[str, Any]]
     usage: dict[str, int]
@@ -52,12 +58,44 @@ class ModelResponse:
 
 
 class ProviderError(Exception):
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    """A model call that failed; ``retryable`` when the same request may succeed later (429, 5xx, network)."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.status = status
 
 
 class Provider(Protocol):
     name: str
 
-    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+    async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse: ...
+
+
+def tool_input(model: str, tool_name: str, arguments: str | dict[str, Any] | None) -> dict[str, Any]:
+    """A tool call's arguments as the JSON object the tool receives; anything else is the model's fault and a
+    typed error (not a crash, and not a call with made-up input)."""
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None or not arguments.strip():
+        return {}  # a no-argument call: some servers send "" instead of "{}"
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise ProviderError(f"{model}: the model's call to {tool_name} has invalid JSON arguments ({exc.msg} at "
+                            f"char {exc.pos}): {arguments[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ProviderError(f"{model}: the model's call to {tool_name} has arguments that are not a JSON object: "
+                            f"{arguments[:200]!r}")
+    return value
+
+
+def usage_dict(input_tokens: Any, output_tokens: Any, cache_read: Any = None,
+               cache_write: Any = None) -> dict[str, int]:
+    """Usage with integer values only; cache counts only when the provider reported them (0 included)."""
+    usage = {"inputTokens": int(input_tokens or 0), "outputTokens": int(output_tokens or 0)}
+    if cache_read is not None:
+        usage["cacheReadTokens"] = int(cache_read)
+    if cache_write is not None:
+        usage["cacheWriteTokens"] = int(cache_write)
+    return usage

@@ -1,5 +1,9 @@
 """OpenAI-compatible chat completions over the official `openai` SDK (OpenAI, vLLM, Ollama, Gemini's
-compatible endpoint, aggregators): ctxbuild's parts ⇄ the chat wire format."""
+compatible endpoint, aggregators): ctxbuild's parts ⇄ the chat wire format, streamed by default.
+
+Usage: ``prompt_tokens`` → inputTokens (it already includes cached tokens), ``completion_tokens`` →
+outputTokens, ``prompt_tokens_details.cached_tokens`` → cacheReadTokens when the server reports it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 
 import openai
 
-from .base import ModelRequest, ModelResponse, ProviderError
+from .base import ModelRequest, ModelResponse, ProviderError, TextCallback, tool_input, usage_dict
 
 
 def output_text(output: dict[str, Any]) -> str:
@@ -52,51 +56,142 @@ def to_wire_tools(request: ModelRequest) -> list[dict[str, Any]]:
                                               "parameters": t.input_schema}} for t in request.tools]
 
 
-def from_wire(completion: Any) -> ModelResponse:
-    choice = completion.choices[0]
-    msg = choice.message
-    parts: list[dict[str, Any]] = []
-    if msg.content:
-        parts.append({"type": "text", "text": msg.content})
-    for call in msg.tool_calls or []:
-        try:
-            args = json.loads(call.function.arguments or "{}")
-        except json.JSONDecodeError:
-            # the model produced invalid JSON: pass it through so the tool answers with a typed error
-            args = {"_invalid_json_arguments": call.function.arguments}
-        parts.append({"type": "tool-call", "toolCallId": call.id, "toolName": call.function.name, "input": args})
-    u = completion.usage
-    usage = {"inputTokens": u.prompt_tokens if u else 0, "outputTokens": u.completion_tokens if u else 0}
-    cached = getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", None) if u else None
-    if cached:
-        usage["cacheReadTokens"] = cached
-    return ModelResponse(parts=parts, usage=usage,
-                         stop_reason="tool_calls" if msg.tool_calls else "stop")
+def wire_usage(u: Any) -> dict[str, int]:
+    if u is None:  # a server that does not meter (or ignored stream_options)
+        return usage_dict(0, 0)
+    cached = getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", None)
+    return usage_dict(u.prompt_tokens, u.completion_tokens, cache_read=cached)
+
+
+def _response(model: str, text: str, calls: list[tuple[str, str, Any]], usage: dict[str, int]) -> ModelResponse:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call_id, name, arguments in calls:
+        parts.append({"type": "tool-call", "toolCallId": call_id, "toolName": name,
+                      "input": tool_input(model, name, arguments)})
+    return ModelResponse(parts=parts, usage=usage, stop_reason="tool_calls" if calls else "stop")
+
+
+def from_wire(completion: Any, model: str = "model") -> ModelResponse:
+    """A non-streamed ChatCompletion → ModelResponse."""
+    if not completion.choices:
+        raise ProviderError(f"{model}: empty completion")
+    msg = completion.choices[0].message
+    calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+    return _response(model, msg.content or "", calls, wire_usage(completion.usage))
+
+
+class ChatStream:
+    """Assembles streamed ChatCompletionChunks into the ModelResponse the non-streamed call would give.
+
+    Tool calls arrive as fragments keyed by ``index``: the first carries id and name, later ones append to
+    ``arguments`` (one chunk may hold several fragments of one index). The usage chunk comes last with no
+    choices (``stream_options.include_usage``)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+
+    def feed(self, chunk: Any) -> str | None:
+        """Take one chunk; return its text delta, if any."""
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        delta_text: list[str] = []
+        for choice in chunk.choices or []:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            if delta is not None and delta.content:
+                self.text.append(delta.content)
+                delta_text.append(delta.content)
+            for frag in (delta.tool_calls if delta is not None else None) or []:
+                call = self.calls.setdefault(frag.index, {"id": "", "name": "", "arguments": []})
+                if frag.id and not call["id"]:
+                    call["id"] = frag.id
+                fn = frag.function
+                if fn is not None:
+                    # some compatible servers repeat the full name on every fragment
+                    if fn.name and fn.name != call["name"]:
+                        call["name"] += fn.name
+                    if fn.arguments:
+                        call["arguments"].append(fn.arguments)
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+        return "".join(delta_text) or None
+
+    def result(self) -> ModelResponse:
+        if self.finish_reason is None:
+            raise ProviderError(f"{self.model}: the stream ended before the model finished", retryable=True)
+        calls = []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if not call["name"]:
+                raise ProviderError(f"{self.model}: streamed tool call #{index} has no function name")
+            calls.append((call["id"] or f"call_{index}", call["name"], "".join(call["arguments"])))
+        return _response(self.model, "".join(self.text), calls, wire_usage(self.usage))
+
+
+_RETRYABLE_STREAM_ERRORS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable", "internal")
+
+
+def map_error(model: str, exc: openai.OpenAIError) -> ProviderError:
+    """SDK errors → ProviderError; retryable for 408/429/5xx, network failures, and transient mid-stream
+    error events (which carry no HTTP status: the response had already begun with 200)."""
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        return ProviderError(f"{model}: HTTP {status}: {exc.message}", status=status,
+                             retryable=status in (408, 429) or status >= 500)
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return ProviderError(f"{model}: {type(exc).__name__}: {exc}", retryable=True)
+    if isinstance(exc, openai.APIError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        kind = f"{body.get('type') or ''} {body.get('code') or ''}".lower()
+        return ProviderError(f"{model}: error in the stream: {exc.message}",
+                             retryable=any(k in kind for k in _RETRYABLE_STREAM_ERRORS))
+    return ProviderError(f"{model}: {type(exc).__name__}: {exc}")
 
 
 class OpenAIChatProvider:
     name = "openai"
 
     def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float = 120.0,
-                 max_retries: int = 2) -> None:
-        # local servers (vLLM, Ollama) accept any key; the SDK insists on one
+                 max_retries: int = 2, stream: bool = True) -> None:
+        # local servers (vLLM, Ollama) accept any key; the SDK insists on one. The SDK retries 408/409/429/5xx
+        # and connection errors itself (max_retries) before the first byte of a stream.
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
                                          max_retries=max_retries)
         self.model = model
+        self.stream = stream
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    def params(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "messages": to_wire_messages(request.system, request.messages)}
         if request.tools:
             kwargs["tools"] = to_wire_tools(request)
         if request.max_output_tokens:
             kwargs["max_tokens"] = request.max_output_tokens
+        if self.stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
+
+    async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
+        params = self.params(request)
         try:
-            completion = await self.client.chat.completions.create(**kwargs)
-        except openai.APIStatusError as exc:
-            raise ProviderError(f"{self.model}: HTTP {exc.status_code}: {exc.message}",
-                                retryable=exc.status_code == 429 or exc.status_code >= 500) from exc
-        except openai.APIConnectionError as exc:
-            raise ProviderError(f"{self.model}: {exc}", retryable=True) from exc
-        if not completion.choices:
-            raise ProviderError(f"{self.model}: empty completion")
-        return from_wire(completion)
+            if not self.stream:
+                completion = await self.client.chat.completions.create(**params)
+                response = from_wire(completion, self.model)
+                text = "".join(p["text"] for p in response.parts if p["type"] == "text")
+                if on_text is not None and text:
+                    await on_text(text)
+                return response
+            assembler = ChatStream(self.model)
+            async with await self.client.chat.completions.create(**params) as chunks:
+                async for chunk in chunks:
+                    delta = assembler.feed(chunk)
+                    if delta and on_text is not None:
+                        await on_text(delta)
+            return assembler.result()
+        except openai.OpenAIError as exc:
+            raise map_error(self.model, exc) from exc

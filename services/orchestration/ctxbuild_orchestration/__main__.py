@@ -49,11 +49,7 @@ def provider_factory(settings: Settings, backends: Backends):
                 doc = json.loads(await backends.blobs.get_text(conversation_id, sha256=spec["scriptRef"]["sha256"]))
             else:
                 doc = spec
-            tools = doc.get("tools") or None
-            try:
-                return ReplayProvider(doc["script"], tools=tools)  # type: ignore[call-arg]
-            except TypeError:  # a ReplayProvider without recorded tools
-                return ReplayProvider(doc["script"])
+            return ReplayProvider(doc["script"], tools=doc.get("tools") or None)
         if spec["kind"] == "anthropic":
             key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
             return AnthropicMessagesProvider(spec["model"], api_key=key, base_url=settings.anthropic_base_url)
@@ -133,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     broker = router.broker
     backends = Backends(RpcClient(broker, settings.request_timeout_s), settings.tool_timeout_s)
     queue = TurnQueue(lambda: broker.connection, QueueConfig(
-        stream=settings.turns_stream, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s))
+        stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s))
     web = WebTools(settings, mcp_invoke=lambda tool_id, args: backends.invoke(tool_id, args, new_id("call")))
     runner = TurnRunner(backends, provider_factory(settings, backends), default_max_steps=settings.max_steps,
                         keep_requests=settings.keep_served_requests, web_tools=web)
@@ -160,7 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state["started"] = True
 
     @router.on_broker_shutdown
-    async def _drain_turns() -> None:
+    async def _drain_turns(_app: Any = None) -> None:
         # running turns get the drain window, then go back to the queue for another replica to resume
         await loop.drain(settings.drain_timeout_s)
         await web.aclose()

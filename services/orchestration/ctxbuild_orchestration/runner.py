@@ -292,11 +292,7 @@ class TurnRunner:
 
     async def _complete(self, provider: Provider, request: ModelRequest, step: int):
         if isinstance(provider, ReplayProvider):
-            try:
-                return await provider.complete(request, step=step)
-            except TypeError:  # an older ReplayProvider without the explicit step
-                provider._step_index = lambda _m, k=step - 1: k  # type: ignore[method-assign]
-                return await provider.complete(request)
+            return await provider.complete(request, step=step)  # the runner knows the step (folds shift counts)
         return await provider.complete(request)
 
     async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any] | None:

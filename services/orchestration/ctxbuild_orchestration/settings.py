@@ -18,6 +18,7 @@ class Settings(ServiceSettings, WebToolSettings):
     turn_ack_wait_s: float = Field(30.0, gt=1, description="a runner silent this long (no heartbeat) loses its turn "
                                    "to another replica, which resumes it from the events")
     turns_stream: str = Field("CTX_TURNS", description="JetStream work-queue stream of turn commands")
+    turns_subject: str = Field("ctx.turn.run", description="subject of the turn commands (the stream's only one)")
     turns_consumer: str = Field("turn-runner", description="durable pull consumer shared by the runner replicas")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"

@@ -37,6 +37,7 @@ ABORT_SUBJECT = "ctx.turn.abort"
 @dataclass(frozen=True)
 class QueueConfig:
     stream: str = "CTX_TURNS"
+    subject: str = RUN_SUBJECT
     durable: str = "turn-runner"
     ack_wait_s: float = 30.0
     duplicate_window_s: float = 600.0
@@ -68,7 +69,7 @@ class TurnQueue:
             await js.stream_info(c.stream)
         except NotFoundError:
             try:
-                await js.add_stream(StreamConfig(name=c.stream, subjects=[RUN_SUBJECT],
+                await js.add_stream(StreamConfig(name=c.stream, subjects=[c.subject],
                                                  retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
                                                  duplicate_window=c.duplicate_window_s))
             except BadRequestError:
@@ -80,13 +81,13 @@ class TurnQueue:
                 await js.add_consumer(c.stream, ConsumerConfig(
                     durable_name=c.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=c.ack_wait_s,
                     deliver_policy=DeliverPolicy.ALL, max_deliver=-1, max_ack_pending=c.max_ack_pending,
-                    filter_subject=RUN_SUBJECT))
+                    filter_subject=c.subject))
             except BadRequestError:
                 await js.consumer_info(c.stream, c.durable)
 
     async def submit(self, turn_id: str, conversation_id: str) -> None:
         payload = json.dumps({"turnId": turn_id, "conversationId": conversation_id}).encode()
-        await self._js().publish(RUN_SUBJECT, payload, headers={"Nats-Msg-Id": turn_id})
+        await self._js().publish(self.config.subject, payload, headers={"Nats-Msg-Id": turn_id})
 
     async def pending(self) -> dict[str, int]:
         info = await self._js().consumer_info(self.config.stream, self.config.durable)
@@ -97,7 +98,7 @@ class TurnQueue:
                       stopping: asyncio.Event) -> None:
         """Pull commands while there are free slots, until ``stopping`` is set. ``handle`` owns the delivery
         (ack/nak/heartbeat through :class:`Heartbeat`); at most ``slots`` run at once."""
-        sub = await self._js().pull_subscribe(RUN_SUBJECT, durable=self.config.durable, stream=self.config.stream)
+        sub = await self._js().pull_subscribe(self.config.subject, durable=self.config.durable, stream=self.config.stream)
         free = asyncio.Semaphore(slots)
         try:
             while not stopping.is_set():
@@ -112,6 +113,9 @@ class TurnQueue:
                     continue
                 except Exception as exc:  # connection trouble: back off, the client reconnects
                     free.release()
+                    if self._connection().is_closed:
+                        log.warning("work-queue-connection-closed")
+                        break
                     log.warning("fetch-failed", error=f"{type(exc).__name__}: {exc}")
                     await asyncio.sleep(1.0)
                     continue
