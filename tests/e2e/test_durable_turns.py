@@ -40,6 +40,8 @@ class SlowPages(ThreadedServer):
 
     async def page(self, request: Request) -> PlainTextResponse:
         self.hits[request.url.path] += 1
+        if request.url.path.startswith("/big/"):  # one long article, far over a 16k window's threshold
+            return PlainTextResponse("".join(f"paragraph {i}: " + "citation text " * 12 + "\n" for i in range(3000)))
         await asyncio.sleep(self.delay_s)
         return PlainTextResponse(f"page {request.url.path}\n" + "lorem ipsum dolor sit amet\n" * 40)
 
@@ -211,6 +213,9 @@ def test_step_limit_is_a_clear_terminal_error(all_services, pages):
     assert end["type"] == "TurnFailed" and end["data"]["code"] == "step-limit" and end["data"]["retryable"] is False
     assert "3 model calls" in end["data"]["message"]
     assert [e["data"]["step"] for e in evs if e["type"] == "StepServed"] == [1, 2, 3]
+    # the work is kept: three answered calls join the conversation (a follow-up continues from them)
+    msgs = httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+    assert [m["role"] for m in msgs if m.get("turnId") == tid] == ["assistant", "tool"] * 3
     too_many = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30, json={
         "text": "x", "maxSteps": 10_000, "provider": {"kind": "replay", "script": [{"text": "y"}]}})
     assert too_many.status_code == 422
@@ -270,3 +275,33 @@ def test_served_request_regenerate_and_result_readback(all_services):
     assert len(siblings) == 2  # the first answer's branch is still there
     unknown = httpx.post(f"{base}/v1/conversations/{cid}/turns/turn_nope/regenerate", timeout=30)
     assert unknown.status_code == 404
+
+
+async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners, pages, pg):
+    """A fetched page trimmed in flight (entities codec: one blob per trimmed entity) keeps a tool_output reference
+    of its message after the turn released its provisional references, and reads back whole."""
+    base = edge.url
+    runners("orch-runner-web")
+    cid = httpx.post(f"{base}/v1/conversations", json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
+    script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url("big/article")}}]}, {"text": "ok"}]
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30,
+                   json={"text": "fetch", "provider": {"kind": "replay", "script": script}})
+    tid = r.json()["turnId"]
+    evs = wait_for(base, cid, tid, terminal)
+    assert terminal(evs)[0]["type"] == "TurnCompleted", terminal(evs)
+    rec = next(e["data"] for e in evs if e["type"] == "ToolResultRecorded")
+    assert rec["trimmed"] and rec["offload"]["blobs"], rec.get("offload")
+    item = rec["output"]["value"][0]
+    assert item["url"] == pages.url("big/article") and item["id"] and "<persisted-output>" in item["content"]
+    shas = [b["sha256"] for b in rec["offload"]["blobs"]]
+    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+                    if m["role"] == "tool")
+    rows = await pg.fetch("SELECT sha256, owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = ANY($1)", shas)
+    by_role = {(r["owner_kind"], r["role"]) for r in rows}
+    assert ("message", "tool_output") in by_role and ("turn", "provisional") not in by_role, rows
+    assert {r["owner_id"] for r in rows if r["role"] == "tool_output"} == {tool_msg["id"]}
+    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{rec['toolCallId']}",
+                     timeout=60).json()
+    assert full["source"] in ("offloaded", "persisted")
+    content = full["output"]["value"][0]["content"]
+    assert content.startswith("paragraph 0: ") and content.rstrip().endswith("citation text") and len(content) > 100_000

@@ -121,3 +121,17 @@ def test_stored_envelope_renders_to_the_in_flight_bytes():
     stored, _ = apply_turn(messages, plans, all_written(plans))
     env = stored[0]["parts"][0]["output"]["value"]
     assert envelopes.render(env) == trim_inflight(part, 2000, store=lambda b: b.uri)["output"]
+
+
+def test_per_entity_offloads_are_promoted_too():
+    """A web result trimmed in flight has one blob per trimmed entity (offload.blobs): each needs a tool_output
+    reference of the message, or releasing the turn's provisional references would strand it."""
+    blobs = [{"key": f"/{i}/content", "uri": vfs_uri(c * 64), "sha256": c * 64, "totalChars": 9000, "totalLines": 1}
+             for i, c in enumerate("ab")]
+    part = {"type": "tool-result", "toolCallId": "c1", "toolName": "web_search",
+            "output": {"type": "json", "value": []},
+            "offload": {"mode": "offloaded", "totalChars": 18000, "totalLines": 2, "blobs": blobs}}
+    messages = [{"id": "t", "role": "tool", "parts": [part]}, {"id": "a", "role": "assistant", "parts": [part]}]
+    assert inflight_offloads(messages) == [("t", "a" * 64), ("t", "b" * 64)]
+    part["offload"]["mode"] = "inline"
+    assert inflight_offloads(messages) == []

@@ -239,47 +239,51 @@ class TurnRunner:
         model_name = getattr(provider, "model", None) or getattr(provider, "name", "model")
 
         for step in range(1, max_steps + 1):
-            if step in st.steps:
-                rec = st.steps[step]
-                if not rec.complete:
-                    await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
-                if not rec.calls:
+            with span("step", **{"ctx.step": step, "ctx.turn_id": turn_id}):
+                if step in st.steps:
+                    rec = st.steps[step]
+                    if not rec.complete:
+                        await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+                    if not rec.calls:
+                        return await self._finish(st, ts, step, conversation_id, cs)
+                    continue
+                await self._check_abort(st, ts)
+                turn_messages = st.messages(user_message_id)
+                with span("compaction.in_loop", **{"ctx.step": step}):
+                    messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
+                                                               checkpoint, start["retained"], fixed, compaction, ts)
+                request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
+                body = request.render()
+                stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
+                    if self.keep_requests else None
+                with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
+                    t0 = time.perf_counter()
+                    response = await self._complete(provider, request, step)
+                    model_ms = round((time.perf_counter() - t0) * 1000, 3)
+                parent = turn_messages[-1]["id"] if turn_messages else user_message_id
+                a_msg = {"id": message_id(turn_id, step, "a"), "parentId": parent, "role": "assistant",
+                         "parts": response.parts, "turnId": turn_id}
+                if response.usage:
+                    a_msg["usage"] = response.usage
+                served_ev: dict[str, Any] = {
+                    "turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
+                    "messagesServed": len(messages), "requestHash": request.digest(), "requestBytes": len(body),
+                    "usage": response.usage, "modelMs": model_ms, "stopReason": response.stop_reason,
+                    "assistantMessage": a_msg}
+                if stored is not None:
+                    ref = await stored
+                    if ref:
+                        served_ev["request"] = ref
+                await ts.emit("StepServed", served_ev, step)
+                st.steps[step] = StepRecord(step, a_msg)
+                if not response.tool_calls:
                     return await self._finish(st, ts, step, conversation_id, cs)
-                continue
-            await self._check_abort(st, ts)
-            turn_messages = st.messages(user_message_id)
-            with span("compaction.in_loop", **{"ctx.step": step}):
-                messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
-                                                           checkpoint, start["retained"], fixed, compaction, ts)
-            request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
-            body = request.render()
-            stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
-                if self.keep_requests else None
-            with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
-                t0 = time.perf_counter()
-                response = await self._complete(provider, request, step)
-                model_ms = round((time.perf_counter() - t0) * 1000, 3)
-            parent = turn_messages[-1]["id"] if turn_messages else user_message_id
-            a_msg = {"id": message_id(turn_id, step, "a"), "parentId": parent, "role": "assistant",
-                     "parts": response.parts, "turnId": turn_id}
-            if response.usage:
-                a_msg["usage"] = response.usage
-            served_ev: dict[str, Any] = {
-                "turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
-                "messagesServed": len(messages), "requestHash": request.digest(), "requestBytes": len(body),
-                "usage": response.usage, "modelMs": model_ms, "stopReason": response.stop_reason,
-                "assistantMessage": a_msg}
-            if stored is not None:
-                ref = await stored
-                if ref:
-                    served_ev["request"] = ref
-            await ts.emit("StepServed", served_ev, step)
-            st.steps[step] = StepRecord(step, a_msg)
-            if not response.tool_calls:
-                return await self._finish(st, ts, step, conversation_id, cs)
-            await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
-        await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its steps are "
-                         "recorded — send a follow-up message to continue", retryable=False)
+                await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+        # keep the work: the steps so far (every call answered) join the conversation, then the typed end
+        await self.backends.complete_turn(conversation_id, turn_id, st.messages(user_message_id),
+                                          cs.get("truncateThreshold"), event_id=event_id(turn_id, "persist"))
+        await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its {max_steps} "
+                         "steps are kept in the conversation — send a follow-up message to continue", retryable=False)
 
     async def _check_abort(self, st: TurnState, ts: TurnStream) -> None:
         """The durable abort flag (TurnAbortRequested) is read at every step boundary; any other event this

@@ -98,15 +98,23 @@ def _valid_envelopes(messages: Sequence[dict[str, Any]]) -> None:
 
 
 def inflight_offloads(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(message id, sha256) of outputs the in-flight lane offloaded (typed provenance with a sha256)."""
+    """(message id, sha256) of every blob the in-flight lane offloaded (typed provenance): the single blob of an
+    opaque offload and each per-field blob of a codec offload (``offload.blobs``: web results, read echoes).
+    Each gets a tool_output reference owned by the message, so releasing the turn's provisional references at
+    its end never strands a trimmed entity."""
     out: dict[tuple[str, str], None] = {}
     for m in messages:
         if m.get("role") != "tool":
             continue
         for p in m.get("parts") or []:
             off = p.get("offload") if isinstance(p, dict) else None
-            if isinstance(off, dict) and off.get("mode") == "offloaded" and isinstance(off.get("sha256"), str):
+            if not isinstance(off, dict) or off.get("mode") != "offloaded":
+                continue
+            if isinstance(off.get("sha256"), str):
                 out.setdefault((m["id"], off["sha256"]), None)
+            for b in off.get("blobs") or []:
+                if isinstance(b, dict) and isinstance(b.get("sha256"), str):
+                    out.setdefault((m["id"], b["sha256"]), None)
     return list(out)
 
 
