@@ -320,8 +320,10 @@ class TurnRunner:
             await self.backends.blobs.release(("turn", st.turn_id), "provisional")
         except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
             log.warning("provisional-release-failed", turn_id=st.turn_id, error=str(exc))
+        answer = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
+            if messages else ""
         await self.backends.append(ts.stream, [{"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
-                                                "data": {"turnId": st.turn_id, "steps": steps,
+                                                "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
                                                          "messageIds": [m["id"] for m in messages]}}])
 
     # ------------------------------------------------------------------ tools
