@@ -273,6 +273,14 @@ def test_served_request_regenerate_and_result_readback(all_services):
     assert path[-2]["id"] == user
     siblings = hist["branches"][path[-1]["id"]]
     assert len(siblings) == 2  # the first answer's branch is still there
+    first = next(s for s in siblings if s != path[-1]["id"])
+    old_branch = httpx.get(f"{base}/v1/conversations/{cid}/messages", params={"anchor": first}, timeout=30).json()
+    assert old_branch["messages"][-1]["role"] == "assistant" and old_branch["messages"][-1]["turnId"] == tid
+    # a finished turn whose events were all seen: the stream says so at once instead of idling
+    last = evs[-1]["version"]
+    done = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/events", headers={"Last-Event-ID": str(last)},
+                     timeout=10)
+    assert done.status_code == 204
     unknown = httpx.post(f"{base}/v1/conversations/{cid}/turns/turn_nope/regenerate", timeout=30)
     assert unknown.status_code == 404
 

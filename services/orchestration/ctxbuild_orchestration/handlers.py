@@ -223,9 +223,11 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
     async def turn_events(conversation_id: str, turn_id: str, request: Request,
-                          last_event_id: str | None = Header(None)) -> EventSourceResponse:
+                          last_event_id: str | None = Header(None)) -> Response:
         start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 1
-        await turn_state(conversation_id, turn_id)
+        st, _ = await turn_state(conversation_id, turn_id)
+        if st.done and start > st.version:
+            return Response(status_code=204)  # the turn ended and the client has seen every event: nothing to stream
 
         async def stream():
             nxt = start
@@ -266,12 +268,16 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                         headers={"X-Request-Hash": served["requestHash"], "ETag": f'"{served["requestHash"]}"'})
 
     @api.get("/conversations/{conversation_id}/messages")
-    async def messages(conversation_id: str, branches: bool = False) -> dict[str, Any]:
+    async def messages(conversation_id: str, branches: bool = False, anchor: str | None = None) -> dict[str, Any]:
+        """The path from the root to ``anchor`` (default: the latest message); ``branches`` adds, for every path
+        message with siblings (regenerated answers), the sibling ids — pass one as ``anchor`` to read that branch."""
         await conversation_settings(conversation_id)
+        req: dict[str, Any] = {"conversationId": conversation_id}
         if branches:
-            return await backends.rpc.call("ctx.persist.history", {"conversationId": conversation_id,
-                                                                   "includeBranches": True})
-        return await backends.history(conversation_id)
+            req["includeBranches"] = True
+        if anchor:
+            req["anchorId"] = anchor
+        return await backends.rpc.call("ctx.persist.history", req)
 
     @api.get("/conversations/{conversation_id}/messages/{message_id}/results/{tool_call_id}")
     async def tool_result(conversation_id: str, message_id: str, tool_call_id: str) -> dict[str, Any]:
