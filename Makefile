@@ -11,10 +11,11 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore bench-truncation bench-compaction check-schemas contracts check-contracts lint clean
+	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e check-schemas contracts check-contracts \
+	lint clean k8s-validate images
 
 help:  ## list targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -43,7 +44,7 @@ run: up demo  ## the main job: bring the stack up and run the offline demo
 demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
 	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
-test: sync check-contracts  ## unit, contract, integration and end-to-end tests on a real local stack
+test: sync check-contracts k8s-validate  ## unit, contract, integration and end-to-end tests on a real local stack
 	@$(PY) -m pytest tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass" >&2; exit 1; fi; \
 	exit $$rc
@@ -51,7 +52,7 @@ test: sync check-contracts  ## unit, contract, integration and end-to-end tests 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction check-schemas  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e check-schemas  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -71,6 +72,9 @@ bench-truncation: sync  ## truncation service round trip vs NATS + blob put floo
 bench-compaction: sync  ## seed scenario with memoisation on/off; served tokens per step; real trajectory
 	$(PY) bench/compaction.py --out bench/results/compaction.json
 
+bench-e2e: sync  ## real trajectories through the full stack: served tokens, prefix stability, recovery, kills
+	$(PY) bench/e2e.py --out bench/results/e2e.json
+
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
 
@@ -79,6 +83,19 @@ contracts: sync  ## regenerate contracts/asyncapi.json and contracts/openapi.jso
 
 check-contracts: sync  ## fail if the generated contract documents drifted from the code
 	$(PY) -m ctxbuild_platform.gen_docs contracts --check
+
+k8s-validate: sync  ## render every Kubernetes overlay and component combination offline and validate them
+	$(PY) infra/k8s/validate.py
+
+IMAGE_PREFIX ?= ctxbuild
+IMAGE_TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+IMAGE_SERVICES := orchestration truncation persistence blobstore compaction mcp_catalog
+images:  ## build one image per service from the workspace (needs a Docker engine; IMAGE_PREFIX, IMAGE_TAG)
+	@command -v docker >/dev/null || { echo "make images needs a Docker engine (docker CLI not found)" >&2; exit 1; }
+	@for s in $(IMAGE_SERVICES); do \
+		img=$(IMAGE_PREFIX)/$$(echo $$s | tr _ -):$(IMAGE_TAG); echo "== $$img"; \
+		docker build -f services/$$s/Dockerfile -t $$img . || exit 1; \
+	done
 
 lint: sync
 	$(UV) run --frozen ruff check libs services tests bench
