@@ -160,6 +160,23 @@ def test_keep_boundary_never_splits_a_tool_call_from_its_result():
     assert not splits_tool_pair(rows, 2)
 
 
+def test_tool_ids_reused_across_turns_do_not_pin_the_boundary_to_the_start():
+    """Ids are unique only within a turn (replays and some servers reuse call_1_1 each turn): pairing is by
+    position, so a cut between two complete turns is not a split (it was read as one and kept nothing foldable)."""
+    rows = []
+    for k in range(4):
+        rows += [user(f"u{k}", f"turn {k}"), assistant(f"a{k}", "", ("call_1_1", "bash")),
+                 tool(f"t{k}", "call_1_1", "bash", filler(600)), assistant(f"f{k}", "done")]
+    cut = rows.index(next(r for r in rows if r["id"] == "u3"))
+    assert not splits_tool_pair(rows, cut)
+    assert splits_tool_pair(rows, cut + 2)  # between a3's call and t3's result
+    assert keep_start(rows, 1_200) == cut
+    # an orphaned call (no result) followed by the same id later is not a split either
+    orphan = [user("u0", "x"), assistant("a0", "", ("c", "bash")), user("u1", "y"), assistant("a1", "", ("c", "bash")),
+              tool("t1", "c", "bash", "r")]
+    assert not splits_tool_pair(orphan, 2)
+
+
 def test_keep_boundary_falls_back_to_last_user_row():
     rows = [user("u1", "a"), assistant("a1", "b"), user("u2", filler(3_000))]
     assert keep_start(rows, 1_200) == 2

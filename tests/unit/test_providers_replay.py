@@ -95,3 +95,16 @@ def test_recorded_tools_become_tool_specs():
 def test_bad_scripts_fail_at_construction_with_a_typed_error(script, tools, message):
     with pytest.raises(ProviderError, match=message):
         ReplayProvider(script, tools=tools)
+
+
+async def test_call_ids_carry_the_prefix_and_recorded_outputs_follow_it():
+    """The runner gives each turn its own prefix, so a replayed conversation never repeats a call id."""
+    from ctxbuild_providers import ModelRequest, ReplayProvider
+
+    script = [{"toolCalls": [{"toolName": "bash", "input": {}, "output": {"type": "text", "value": "r1"}}]}]
+    p = ReplayProvider(script, call_id_prefix="call_ab12cd34")
+    resp = await p.complete(ModelRequest(model="m", system="", messages=[]), step=1)
+    cid = resp.tool_calls[0]["toolCallId"]
+    assert cid == "call_ab12cd34_1_1"
+    assert p.recorded_output(cid) == {"type": "text", "value": "r1"}
+    assert p.recorded_output("call_1_1") is None  # another turn's id is not this replay's

@@ -85,9 +85,6 @@ def _resolve_tool_name(name: str, offered: list[str]) -> str:
 
 
 OUTPUT_TYPES = ("text", "json", "error-text", "error-json", "content")
-_CALL_ID = re.compile(r"call_(\d+)_(\d+)")
-
-
 def _check_script(script: Any) -> None:
     """Bad scripts fail when the provider is built, naming the step, not halfway through a turn."""
     if not isinstance(script, list) or not script:
@@ -122,11 +119,15 @@ class ReplayProvider:
     name = "replay"
 
     def __init__(self, script: list[dict[str, Any]], turn_key: str = "turn",
-                 tools: list[dict[str, Any]] | None = None) -> None:
+                 tools: list[dict[str, Any]] | None = None, call_id_prefix: str = "call") -> None:
+        """``call_id_prefix``: call ids are ``<prefix>_<step>_<i>``; the runner makes the prefix unique per turn,
+        as a real provider's ids are (a replayed conversation would otherwise repeat ``call_1_1`` every turn)."""
         _check_script(script)
         self.script = script
         self.turn_key = turn_key
         self._tools = [_tool_spec(t) for t in tools or []]
+        self.call_id_prefix = call_id_prefix
+        self._call_id = re.compile(re.escape(call_id_prefix) + r"_(\d+)_(\d+)")
 
     @property
     def recorded_tools(self) -> list[ToolSpec]:
@@ -135,7 +136,7 @@ class ReplayProvider:
 
     def recorded_output(self, tool_call_id: str) -> dict[str, Any] | None:
         """The recorded output of a call this replay produced (``call_<step>_<i>``); None when there is none."""
-        match = _CALL_ID.fullmatch(tool_call_id)
+        match = self._call_id.fullmatch(tool_call_id)
         if not match:
             return None
         k, i = int(match.group(1)), int(match.group(2))
@@ -172,7 +173,8 @@ class ReplayProvider:
                 await on_text(entry["text"])
         for i, call in enumerate(entry.get("toolCalls", [])):
             name = _resolve_tool_name(call["toolName"], [t.name for t in request.tools])
-            parts.append({"type": "tool-call", "toolCallId": f"call_{k + 1}_{i + 1}", "toolName": name,
+            parts.append({"type": "tool-call", "toolCallId": f"{self.call_id_prefix}_{k + 1}_{i + 1}",
+                          "toolName": name,
                           "input": _substitute(call.get("input", {}), request.messages)})
         tools_json = json.dumps([t.as_dict() for t in request.tools], ensure_ascii=False)
         usage = {

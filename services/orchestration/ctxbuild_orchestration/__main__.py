@@ -49,7 +49,8 @@ def provider_factory(settings: Settings, backends: Backends):
                 doc = json.loads(await backends.blobs.get_text(conversation_id, sha256=spec["scriptRef"]["sha256"]))
             else:
                 doc = spec
-            return ReplayProvider(doc["script"], tools=doc.get("tools") or None)
+            return ReplayProvider(doc["script"], tools=doc.get("tools") or None,
+                                  call_id_prefix=f"call_{turn_id.rsplit('_', 1)[-1][-8:]}")
         if spec["kind"] == "anthropic":
             key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
             return AnthropicMessagesProvider(spec["model"], api_key=key, base_url=settings.anthropic_base_url)

@@ -7,6 +7,8 @@ without touching this module.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -93,15 +95,30 @@ def deepest_summary(rows: Sequence[Message]) -> int | None:
     return None
 
 
-def _tool_ids(rows: Sequence[Message], kind: str) -> set[str]:
-    return {p.get("toolCallId") for r in rows for p in r.get("parts") or [] if p.get("type") == kind}
-
-
 def splits_tool_pair(rows: Sequence[Message], start: int) -> bool:
-    """Would keeping ``rows[start:]`` separate a tool call from its result (in either direction)?"""
-    folded, kept = rows[:start], rows[start:]
-    return bool(_tool_ids(folded, "tool-call") & _tool_ids(kept, "tool-result")
-                or _tool_ids(kept, "tool-call") & _tool_ids(folded, "tool-result"))
+    """Would keeping ``rows[start:]`` separate a tool call from its result (in either direction)?
+
+    Pairs by position, not by id sets: a call's result is the next result with its id. Ids are only unique
+    within a turn (replays, and some OpenAI-compatible servers, reuse ``call_1_1`` in every turn), so comparing
+    the id sets of the two sides would see a split wherever an id recurs and walk the cut back to the start."""
+    pending: Counter[str] = Counter()
+    for r in rows[:start]:
+        for p in r.get("parts") or []:
+            if p.get("type") == "tool-call":
+                pending[p.get("toolCallId")] += 1
+            elif p.get("type") == "tool-result" and pending[p.get("toolCallId")] > 0:
+                pending[p.get("toolCallId")] -= 1
+    pending = +pending  # calls before the cut still waiting for their result
+    for r in rows[start:]:
+        if not pending:
+            return False
+        for p in r.get("parts") or []:
+            cid = p.get("toolCallId")
+            if p.get("type") == "tool-result" and pending[cid] > 0:
+                return True
+            if p.get("type") == "tool-call" and cid in pending:
+                del pending[cid]  # the id starts over: the earlier call's result never came (an orphan)
+    return False
 
 
 def keep_start(rows: Sequence[Message], keep_budget: int) -> int | None:
