@@ -54,9 +54,7 @@ import json
 import os
 import platform
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,7 +66,7 @@ import httpx
 from ctxbuild_codec import compaction_budget, inflight_threshold
 from ctxbuild_codec.tokens import count_message, count_messages
 from ctxbuild_devstack import Stack
-from ctxbuild_devstack.stack import free_port
+from ctxbuild_devstack.replica import Replica
 from ctxbuild_orchestration.domain.turn_state import message_id
 from ctxbuild_providers.trajectories import Trajectory, episode_count, load_trajectory
 from e2e_metrics import (
@@ -134,48 +132,6 @@ DEFINITIONS = {
 
 
 # ---------------------------------------------------------------- processes
-
-class Replica:
-    """An extra orchestration process on the stack (edge or runner), its own HTTP port and log."""
-
-    def __init__(self, stack: Stack, name: str, **env: str) -> None:
-        self.name = name
-        self.port = free_port()
-        self.log = Path(stack.logs) / f"{name}.log"
-        full = {**os.environ, **stack.service_env("orchestration"), "CTX_HTTP_PORT": str(self.port), **env}
-        with open(self.log, "ab") as fh:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ctxbuild_orchestration"], env=full, stdout=fh,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 90) -> Replica:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-# ---------------------------------------------------------------- the HTTP API
 
 class Api:
     def __init__(self, base: str) -> None:
@@ -428,12 +384,14 @@ async def kill_test(stack: Stack, kills: int, window: int, seed: int, progress: 
     rng = random.Random(seed)
     queue_env = {"CTX_TURNS_STREAM": KILL_STREAM, "CTX_TURNS_SUBJECT": KILL_SUBJECT,
                  "CTX_TURNS_CONSUMER": KILL_CONSUMER, "CTX_TURN_ACK_WAIT_S": KILL_ACK_WAIT}
-    edge = await asyncio.to_thread(lambda: Replica(stack, "bench-edge", CTX_ROLE="edge", **queue_env).wait_ready())
+    edge = await asyncio.to_thread(
+        lambda: Replica(stack, "orchestration", "bench-edge", CTX_ROLE="edge", **queue_env).wait_ready(90))
     api = Api(edge.url)
     runners: list[Replica] = []
 
     async def new_runner() -> Replica:
-        r = Replica(stack, f"bench-runner-{len(runners) + 1}", CTX_ROLE="runner", **queue_env)
+        r = Replica(stack, "orchestration", f"bench-runner-{len(runners) + 1}", CTX_ROLE="runner",
+                    **queue_env)
         runners.append(r)
         return await asyncio.to_thread(r.wait_ready)
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from tests.support.replica import Replica
+from ctxbuild_devstack.replica import Replica
 from tests.support.server import ThreadedServer
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""An extra service process started by a test (the stack's env plus overrides, its own HTTP port and log), to
+"""An extra service process started by a test or a benchmark (the stack's env plus overrides, its own HTTP port and log), to
 run several replicas of one service, kill one, or start one with other settings."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from ctxbuild_devstack.stack import free_port
 
 
