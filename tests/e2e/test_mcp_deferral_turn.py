@@ -37,8 +37,13 @@ async def test_deferred_git_tools_run_through_the_meta_tools(all_services, rpc, 
     reply = await rpc.call("ctx.mcp.servers.upsert", {"server": server})
     assert reply["server"]["id"] == "git_defer"
     status_id = tool_id("git_defer", "git_status", "git")
+    try:
+        await run_deferred_turn(all_services, repo, status_id)
+    finally:  # the registry is shared by the session: leave it as found (other tests list the active servers)
+        await rpc.call("ctx.mcp.servers.remove", {"id": "git_defer"})
 
-    base = all_services
+
+async def run_deferred_turn(base: str, repo, status_id: str) -> None:
     cid = httpx.post(f"{base}/v1/conversations", timeout=30, json={
         "settings": {"contextWindow": 6000, "mcpServers": ["git_defer"]}}).json()["id"]
     script = [{"toolCalls": [{"toolName": "tool_search", "input": {"query": "working tree status"}}]},

@@ -106,7 +106,8 @@ async def test_in_flight_parts_persist_and_serve_the_same_bytes(services, rpc, s
         "conversationId": cid, "turnId": turn_id, "eventId": str(uuid.uuid4()),
         "messages": turn_messages(prefix, f"{prefix}-u1", inflight), "settings": {"truncateThreshold": THRESHOLD}})
     assert res["parts"] == []  # already trimmed in flight: nothing for the persist lane to cut
-    assert res["references"]["failed"] == 0 and res["references"]["promoted"] == 2  # the single-blob offloads
+    # every in-flight blob: the two single-blob offloads and the two trimmed entities' blobs
+    assert res["references"]["failed"] == 0 and res["references"]["promoted"] == 4
 
     served, h = await served_next_turn(rpc, cid, f"{prefix}-t1")
     for before, after in zip(inflight, served, strict=True):
@@ -115,7 +116,7 @@ async def test_in_flight_parts_persist_and_serve_the_same_bytes(services, rpc, s
     assert {p["offload"]["uri"] for p in inflight[:2]} <= set(h["persistedUris"])
 
     # every offloaded blob: held by the turn's provisional reference (GC cannot race the turn), readable by
-    # this conversation only; a single-blob offload is also owned by its stored message now
+    # this conversation only, and owned by its stored message now (per-entity blobs too)
     conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
     try:
         for part in inflight:
@@ -125,8 +126,7 @@ async def test_in_flight_parts_persist_and_serve_the_same_bytes(services, rpc, s
                 refs = {(r["owner_kind"], r["owner_id"], r["role"]) for r in await conn.fetch(
                     "SELECT owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = $1", sha)}
                 assert ("turn", turn_id, "provisional") in refs
-                if "sha256" in off:
-                    assert ("message", f"{prefix}-t1", "tool_output") in refs
+                assert ("message", f"{prefix}-t1", "tool_output") in refs
                 page = await rpc.call("ctx.blob.fs_read", {"conversationId": cid, "uri": vfs_uri(sha), "limit": 5})
                 assert page["kind"] == "text", page
                 denied = await rpc.call("ctx.blob.fs_read", {"conversationId": "conv-other", "uri": vfs_uri(sha)})
