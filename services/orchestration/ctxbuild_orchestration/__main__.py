@@ -130,7 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     broker = router.broker
     backends = Backends(RpcClient(broker, settings.request_timeout_s), settings.tool_timeout_s)
     queue = TurnQueue(lambda: broker.connection, QueueConfig(
-        stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s))
+        stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s,
+        replicas=settings.turns_stream_replicas))
     web = WebTools(settings, mcp_invoke=lambda tool_id, args: backends.invoke(tool_id, args, new_id("call")))
     runner = TurnRunner(backends, provider_factory(settings, backends), default_max_steps=settings.max_steps,
                         keep_requests=settings.keep_served_requests, web_tools=web)

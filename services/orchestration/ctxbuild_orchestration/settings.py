@@ -19,6 +19,8 @@ class Settings(ServiceSettings, WebToolSettings):
                                    "to another replica, which resumes it from the events")
     turns_stream: str = Field("CTX_TURNS", description="JetStream work-queue stream of turn commands")
     turns_subject: str = Field("ctx.turn.run", description="subject of the turn commands (the stream's only one)")
+    turns_stream_replicas: int = Field(1, ge=1, le=5, description="replicas of the turns stream when a replica "
+                                       "creates it (3 on a three-node JetStream cluster)")
     turns_consumer: str = Field("turn-runner", description="durable pull consumer shared by the runner replicas")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"

@@ -42,6 +42,7 @@ class QueueConfig:
     ack_wait_s: float = 30.0
     duplicate_window_s: float = 600.0
     max_ack_pending: int = 1000
+    replicas: int = 1  # stream replicas when this service creates it (3 on a three-node JetStream cluster)
 
 
 @dataclass
@@ -71,7 +72,7 @@ class TurnQueue:
             try:
                 await js.add_stream(StreamConfig(name=c.stream, subjects=[c.subject],
                                                  retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
-                                                 duplicate_window=c.duplicate_window_s))
+                                                 duplicate_window=c.duplicate_window_s, num_replicas=c.replicas))
             except BadRequestError:
                 await js.stream_info(c.stream)  # another replica created it
         try:
