@@ -7,6 +7,10 @@
   shortcut), reads of blobs never read before (no warm cache). Ratio = median(service) / median(raw).
 - fs_read of a 2,000-line page at random offsets of a 100 MB blob (17-byte lines, so a full page fits the
   default 50,000-char cap): median and p99.
+- Context, ``claim_check_floor``: the same put/get (interleaved with the raw client, its own samples) through a
+  bare nats-py responder that does only the transport — pull + hash + signed PUT; GET + push in two messages +
+  the caller's sha256 check — with no framework, Postgres, contracts or index: the lowest ratio a claim-check
+  service can reach on this machine, against which the service's own ratios read.
 
 The stack is private (a temporary directory), durable settings (Postgres fsync on), one blob-store process.
 
@@ -17,18 +21,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import io
 import json
 import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from ctxbuild_blobclient import BlobClient
+from ctxbuild_blobclient.client import tune_malloc, tune_nats_reads
 from ctxbuild_devstack import Stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
@@ -183,22 +191,173 @@ async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int)
     }
 
 
+async def run_floor(stack: Stack, n: int, warmup: int) -> dict:
+    import nats
+
+    env = stack.env
+    minio = Minio(env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=env["CTX_S3_ACCESS_KEY"],
+                  secret_key=env["CTX_S3_SECRET_KEY"], secure=False)
+    bucket = env["CTX_S3_BUCKET"]
+    tune_nats_reads()  # as BlobClient does for the service path
+    tune_malloc()
+    nc = await nats.connect(env["CTX_NATS_URL"])
+
+    def raw_put(key: str, data: bytes) -> None:
+        minio.put_object(bucket, key, io.BytesIO(data), len(data), content_type="text/plain; charset=utf-8")
+
+    def raw_get(key: str) -> bytes:
+        r = minio.get_object(bucket, key)
+        try:
+            return r.read()
+        finally:
+            r.close()
+            r.release_conn()
+
+    try:
+        return await measure_floor(nc, raw_put, raw_get, n, warmup)
+    finally:
+        await nc.close()
+
+
+# ---------------------------------------------------------------------------------------- the claim-check floor
+FLOOR_PUT, FLOOR_GET = "bench.floor.put", "bench.floor.get"
+
+
+async def floor_responder() -> None:
+    """The least a claim-check blob service can do here: a bare nats-py responder — no framework, no Postgres
+    (no allow-list, no metadata, no lock), no contracts, no text index — that pulls an upload from the caller's
+    inbox, hashes it and PUTs it (signed with that hash, as the blob store does), and that GETs an object and
+    pushes it to the caller's inbox (two messages: 1 MiB and its headers do not fit one). Context for the
+    ratios: what the transport alone costs on this machine."""
+    import nats
+    from ctxbuild_blobstore.adapters.s3 import ObjectStore
+
+    env = os.environ
+    s3 = ObjectStore(env["CTX_S3_ENDPOINT"], env["CTX_S3_ACCESS_KEY"], env["CTX_S3_SECRET_KEY"], env["CTX_S3_BUCKET"])
+    nc = await nats.connect(env["CTX_NATS_URL"])
+    cut = nc.max_payload - 4096
+
+    async def put(msg) -> None:
+        req = json.loads(msg.data)
+        data = (await nc.request(req["source"], b'{"seq":0}', timeout=10)).data
+        sha = hashlib.sha256(data).hexdigest()
+        await asyncio.to_thread(s3._put, f"bench-floor/{sha}", data, "text/plain; charset=utf-8", sha)
+        await nc.publish(msg.reply, json.dumps({"sha256": sha, "size": len(data)}).encode())
+
+    async def get(msg) -> None:
+        req = json.loads(msg.data)
+        data = await asyncio.to_thread(s3._read, f"bench-floor/{req['sha256']}", 0, None)
+        for off in range(0, len(data), cut):
+            await nc.publish(req["sink"], data[off:off + cut], headers={"Ctx-Blob-Offset": str(off)})
+        await nc.publish(msg.reply, json.dumps({"size": len(data)}).encode())
+
+    await nc.subscribe(FLOOR_PUT, cb=put)
+    await nc.subscribe(FLOOR_GET, cb=get)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+async def measure_floor(nc, raw_put, raw_get, n: int, warmup: int) -> dict:
+    """The floor responder vs the raw client, interleaved, distinct content, cold reads, the caller verifying the
+    read-back's sha256 as BlobClient does."""
+
+    async def floor_put(data: bytes) -> str:
+        inbox = nc.new_inbox()
+
+        async def on_pull(msg) -> None:
+            await nc.publish(msg.reply, data)
+
+        sub = await nc.subscribe(inbox, cb=on_pull)
+        try:
+            return json.loads((await nc.request(FLOOR_PUT, json.dumps({"source": inbox}).encode(), timeout=30)).data)[
+                "sha256"]
+        finally:
+            await sub.unsubscribe()
+
+    async def floor_get(sha: str) -> bytes:
+        inbox, got = nc.new_inbox(), asyncio.Queue()
+
+        async def on_chunk(msg) -> None:
+            got.put_nowait(msg.data)
+
+        sub = await nc.subscribe(inbox, cb=on_chunk)
+        try:
+            size = json.loads((await nc.request(FLOOR_GET, json.dumps({"sha256": sha, "sink": inbox}).encode(),
+                                                timeout=30)).data)["size"]
+            parts, h, have = [], hashlib.sha256(), 0
+            while have < size:
+                c = await asyncio.wait_for(got.get(), 30)
+                h.update(c)
+                parts.append(c)
+                have += len(c)
+            assert h.hexdigest() == sha
+            return b"".join(parts)
+        finally:
+            await sub.unsubscribe()
+
+    fp, fg, rp, rg = [], [], [], []
+    for i in range(n + warmup):
+        data = blob_text(1_000_000 + i).encode()
+        key = f"bench-raw/{uuid.uuid4().hex}"
+        order = ("floor", "raw") if i % 2 == 0 else ("raw", "floor")
+        puts, gets, sha = {}, {}, ""
+        for who in order:
+            t0 = time.perf_counter()
+            if who == "floor":
+                sha = await floor_put(data)
+            else:
+                raw_put(key, data)
+            puts[who] = time.perf_counter() - t0
+        for who in order:
+            t0 = time.perf_counter()
+            got = await floor_get(sha) if who == "floor" else raw_get(key)
+            gets[who] = time.perf_counter() - t0
+            assert got == data
+        if i >= warmup:
+            fp.append(puts["floor"])
+            rp.append(puts["raw"])
+            fg.append(gets["floor"])
+            rg.append(gets["raw"])
+    return {"put_ratio_vs_raw_s3": round(statistics.median(fp) / statistics.median(rp), 3),
+            "get_ratio_vs_raw_s3": round(statistics.median(fg) / statistics.median(rg), 3),
+            "floor_put": summary(fp), "raw_s3_put": summary(rp), "floor_get": summary(fg), "raw_s3_get": summary(rg),
+            "what": "bare nats-py responder: pull + hash + signed PUT; GET + 2-message push + caller's sha256 "
+                    "check; no framework, Postgres, contracts or index"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
     ap.add_argument("-n", type=int, default=60, help="measured 1 MiB put+get pairs")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--pages", type=int, default=200, help="fs_read samples")
     ap.add_argument("--big-mb", type=int, default=100)
+    ap.add_argument("--floor-n", type=int, default=30, help="claim-check floor pairs (0: skip)")
+    ap.add_argument("--floor-responder", action="store_true", help=argparse.SUPPRESS)  # the floor's process
     args = ap.parse_args()
+    if args.floor_responder:
+        asyncio.run(floor_responder())
+        return
+    if args.out is None:
+        ap.error("--out is required")
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ctxbuild-bench-blob-") as tmp:
         stack = Stack(root=Path(tmp))
+        floor = None
         try:
             stack.start_infra()
             stack.start_service("blobstore")
             result = asyncio.run(measure(stack, args.n, args.warmup, args.pages, args.big_mb * 1000 * 1000))
+            if args.floor_n:
+                floor = subprocess.Popen([sys.executable, __file__, "--floor-responder"],
+                                         env={**os.environ, **stack.env}, stdout=subprocess.PIPE)
+                assert floor.stdout is not None and floor.stdout.readline().strip() == b"ready"
+                result["claim_check_floor"] = asyncio.run(run_floor(stack, args.floor_n, args.warmup))
         finally:
+            if floor is not None:
+                floor.terminate()
+                floor.wait()
             stack.down()
     result["environment"] = {"python": platform.python_version(), "machine": platform.machine(),
                              "cpus": os.cpu_count(), "s3": "SeaweedFS (weed server -s3), loopback",

@@ -160,6 +160,33 @@ def test_index_detects_binary():
     assert r.is_text and r.chars == 17 and r.lines == 1
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_index_counts_and_char_marks_match_the_text_for_any_stride_and_feed(seed):
+    """ASCII windows are counted without decoding; whatever mix of ASCII runs and multi-byte characters across
+    window borders, the facts and every char mark are those of the decoded text."""
+    rnd = random.Random(seed)
+    text = "".join(rnd.choice(["plain ascii line\n", "x" * rnd.randint(1, 40), "é", "😀", "\n", "𝄞"])
+                   for _ in range(rnd.randint(1, 400)))
+    data = text.encode()
+    ix = Indexer(stride=rnd.choice([16, 17, 31, 64]), max_marks=rnd.choice([2, 8, 4096]))
+    i = 0
+    while i < len(data):
+        n = rnd.randint(1, 50)
+        ix.feed(data[i:i + n])
+        i += n
+    res = ix.finish()
+    assert res.is_text and res.chars == len(text) and res.lines == len(split_lines(text)) and res.size == len(data)
+    for chars, off in zip(res.char_marks.keys, res.char_marks.offsets, strict=True):
+        assert len(data[:off].decode()) == chars  # a mark sits on a character boundary and counts right
+
+
+def test_an_ascii_window_after_a_cut_character_is_still_validated():
+    ix = Indexer(stride=16)
+    ix.feed(b"x" * 15 + b"\xc3" + b"y" * 16)  # a lead byte, then a window of pure ASCII: not UTF-8
+    assert not ix.finish().is_text
+    assert not index_bytes(b"a" * 20 + b"\x80" + b"b" * 40).is_text  # a stray continuation byte
+
+
 def test_fs_read_page_of_a_huge_line_is_counted_not_held():
     pager = LinePager(first_line=1, offset=1, limit=3, total_lines=3, cap=1000)
     pager.feed("short\n")

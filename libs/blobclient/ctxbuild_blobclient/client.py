@@ -185,10 +185,10 @@ class BlobClient:
         nc = self._nc
         inbox = nc.new_inbox()
         source = Rechunker(pieces(content))
-        state = {"next": 0, "eof": False, "active": time.monotonic(), "error": None}
+        loop = asyncio.get_running_loop()
+        state: dict[str, Any] = {"next": 0, "eof": False, "error": None, "watchdog": None}
 
         async def on_pull(msg) -> None:
-            state["active"] = time.monotonic()
             try:
                 ask = json.loads(msg.data)
                 # as much as the service asks for, never more than one message of our own connection
@@ -203,31 +203,28 @@ class BlobClient:
             except Exception as exc:  # noqa: BLE001 - the service must hear about it, the caller too
                 state["error"] = state["error"] or exc
                 await nc.publish(msg.reply, b"", headers={ERROR_HEADER: f"{type(exc).__name__}: {exc}"[:300]})
+            finally:
+                watchdog = state["watchdog"]
+                if watchdog is not None and not watchdog.expired():  # the service is talking: push the deadline
+                    watchdog.reschedule(loop.time() + (self.commit_timeout_s if state["eof"] else self.idle_timeout_s))
 
         sub = await nc.subscribe(inbox, cb=on_pull)
         try:
-            call = asyncio.ensure_future(self.rpc.call(subject, {**req, "source": inbox}, timeout=LONG_CALL_S))
-            try:
-                await self._watch(call, subject, lambda: state["active"], lambda: state["eof"])
-                return call.result()
-            except RemoteError:
-                if state["error"] is not None:
-                    raise state["error"]  # the caller's own iterator failed: that is the error to see
-                raise
+            # no overall deadline: the call fails once the service has been quiet too long (idle_timeout_s while
+            # it pulls, commit_timeout_s after the last chunk, while it stores and records)
+            async with asyncio.timeout(self.idle_timeout_s) as watchdog:
+                state["watchdog"] = watchdog
+                return await self.rpc.call(subject, {**req, "source": inbox}, timeout=LONG_CALL_S)
+        except TimeoutError as exc:
+            raise RemoteError(subject, "unavailable", "the blob store went quiet for "
+                              f"{self.commit_timeout_s if state['eof'] else self.idle_timeout_s:g}s", True) from exc
+        except RemoteError:
+            if state["error"] is not None:
+                raise state["error"]  # the caller's own iterator failed: that is the error to see
+            raise
         finally:
+            state["watchdog"] = None
             await sub.unsubscribe()
-
-    async def _watch(self, call: asyncio.Future, subject: str, active, finished) -> None:
-        """Wait for ``call``; fail it as retryable ``unavailable`` when the service stops talking."""
-        while True:
-            done, _ = await asyncio.wait({call}, timeout=0.5)
-            if done:
-                return
-            quiet = time.monotonic() - active()
-            limit = self.commit_timeout_s if finished() else self.idle_timeout_s
-            if quiet > limit:
-                call.cancel()
-                raise RemoteError(subject, "unavailable", f"the blob store went quiet for {quiet:.0f}s", True)
 
     # ------------------------------------------------------------------ reads
     async def iter_chunks(self, conversation_id: str, *, sha256: str | None = None, uri: str | None = None,

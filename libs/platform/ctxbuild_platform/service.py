@@ -18,11 +18,10 @@ import uvicorn
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 from faststream.nats import NatsBroker
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 
 from .logging import configure_logging
 from .settings import ServiceSettings
-from .telemetry import configure_tracing
+from .telemetry import TracingMiddleware, configure_tracing
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 
@@ -34,7 +33,7 @@ def broker_options(settings: ServiceSettings) -> dict[str, Any]:
     return dict(
         servers=str(settings.nats_url),
         name=f"ctxbuild-{settings.service_name}",
-        middlewares=[NatsTelemetryMiddleware(tracer_provider=provider)],
+        middlewares=[TracingMiddleware(tracer_provider=provider)],
         graceful_timeout=settings.drain_timeout_s,
         max_reconnect_attempts=-1,
         logger=None,

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing. Spans are propagated over NATS headers by FastStream's telemetry middleware.
+"""OpenTelemetry tracing. Spans are propagated over NATS headers by :class:`TracingMiddleware` (a broker middleware).
 
 Finding #5: ending a span when no tracer provider is configured must be a no-op, never an exception.
 `span()` uses the API's global tracer, which is a no-op tracer until `configure_tracing` installs the SDK.
@@ -10,10 +10,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from faststream import BaseMiddleware
+from faststream.message import SourceType
+from faststream.response import PublishType
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _provider: TracerProvider | None = None
 
@@ -57,3 +62,68 @@ def end_span_safely(s: trace.Span | None) -> None:
         s.end()
     except Exception:  # noqa: BLE001 - tracing must never break a turn
         pass
+
+
+# ---------------------------------------------------------------------------------------------- NATS propagation
+_W3C = TraceContextTextMapPropagator()
+_NATS_ATTRS = {"messaging.system": "nats"}
+
+
+class TracingMiddleware:
+    """FastStream broker middleware: W3C trace context in and out over NATS headers, and one span per message
+    consumed (CONSUMER, ``<subject> process``) and per message sent (PRODUCER, ``<subject> publish``; a reply
+    carries its request's consumer span instead). That is the tracing FastStream's ``NatsTelemetryMiddleware``
+    does, without what it adds per message on top — metrics through the (unconfigured, no-op) meter provider,
+    baggage scopes, an extra "create" span, a span for every RPC response received. Measured with the @rpc change
+    beside it (the handler's message resolved on the loop): a trivial request/reply ~1.1 → ~0.75 ms. A factory:
+    FastStream calls it once per message."""
+
+    def __init__(self, *, tracer_provider: TracerProvider | None = None) -> None:
+        provider = tracer_provider or trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("ctxbuild.nats")
+
+    def __call__(self, msg: Any, /, *, context: Any) -> _TracingScope:
+        return _TracingScope(msg, context=context, tracer=self._tracer)
+
+
+class _TracingScope(BaseMiddleware):
+    __slots__ = ("_span", "_tracer")
+
+    def __init__(self, msg: Any, /, *, context: Any, tracer: trace.Tracer) -> None:
+        super().__init__(msg, context=context)
+        self._tracer = tracer
+        self._span: trace.Span | None = None  # this message's consumer span (the parent of its reply)
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        if msg.source_type is SourceType.RESPONSE:
+            return await call_next(msg)  # an RPC reply received: the request's producer span covers it
+        raw = msg.raw_message
+        if isinstance(raw, list):  # a batch: no single parent
+            parent, subject = otel_context.Context(), (getattr(raw[0], "subject", "") if raw else "")
+        else:
+            parent, subject = _W3C.extract(msg.headers or {}), getattr(raw, "subject", "")
+        span = self._tracer.start_span(f"{subject} process", context=parent, kind=trace.SpanKind.CONSUMER,
+                                       attributes={**_NATS_ATTRS, "messaging.destination.name": subject,
+                                                   "messaging.operation": "process"})
+        self._span = span
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        try:
+            return await call_next(msg)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
+        if cmd.publish_type is PublishType.REPLY and self._span is not None:
+            _W3C.inject(cmd.headers, context=trace.set_span_in_context(self._span))
+            return await call_next(cmd)
+        with self._tracer.start_as_current_span(
+                f"{cmd.destination} publish", kind=trace.SpanKind.PRODUCER,
+                attributes={**_NATS_ATTRS, "messaging.destination.name": cmd.destination,
+                            "messaging.operation": "publish"}):
+            _W3C.inject(cmd.headers)
+            return await call_next(cmd)

@@ -1,9 +1,10 @@
 """The blob store's operations: each combines the pure domain with the stores, in the order that keeps a crash
-harmless (object first, then metadata: the worst case is an unreferenced object, collected later).
+harmless (object first, then the metadata commit: the worst case is an unreferenced object, collected later).
 
-Every write runs under the blob's shared advisory lock (``Postgres.blob_lock``) from its existence check to its
-metadata commit, so the collector can never delete what a concurrent put is re-referencing. Reads stream: a page
-of a 100 MB blob is a ranged S3 read located by the blob's seek index, never the whole object in memory.
+Every write runs in a transaction holding the blob's shared advisory lock (``Postgres.blob_lock``) from its
+existence check to its metadata commit, so the collector can never delete what a concurrent put is re-referencing.
+Reads stream: a page of a 100 MB blob is a ranged S3 read located by the blob's seek index, never the whole object
+in memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +25,7 @@ from ctxbuild_codec.trim import handle_prefix_from_uri, vfs_handle, vfs_uri
 from ctxbuild_platform.errors import DependencyUnavailable, InvalidPayload, NotFound, ServiceError
 from ctxbuild_platform.telemetry import span
 
-from .adapters.postgres import Attachment, BlobInfo, NewBlob, Postgres, RefSpec
+from .adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgres, RefSpec
 from .adapters.s3 import ObjectGone, ObjectReader, ObjectStore
 from .adapters.transfer import Transfer
 from .domain.fsread import LinePager, Resolved, fs_read_error, resolve_prefix
@@ -145,13 +146,45 @@ class BlobStore:
 
     async def _store_small(self, sha: str, data: bytes, media_type: str, ref: RefSpec,
                            attachment: tuple[str, str] | None) -> tuple[bool, Attachment | None]:
-        async with self.db.blob_lock(sha) as blob:
+        # the text index is computed while Postgres takes the lock (unused when the blob already exists)
+        async with self.db.blob_lock(sha, meanwhile=lambda: index_bytes(data, self.cfg.index_stride)) as blob:
             if await blob.exists():
                 return await blob.record(None, ref, attachment)
-            index = index_bytes(data, self.cfg.index_stride)
-            await self.s3.put(object_key(sha), data, sha256=sha)
+            return await self._object_then_metadata(blob, self.s3.put(object_key(sha), data, sha256=sha),
+                                                    NewBlob(len(data), media_type, blob.prepared), ref, attachment)
+
+    async def _object_then_metadata(self, blob: LockedBlob, write: Coroutine[Any, Any, None], new: NewBlob,
+                                    ref: RefSpec, attachment: tuple[str, str] | None
+                                    ) -> tuple[bool, Attachment | None]:
+        """Write the object, record its metadata + reference. The INSERT runs while the object is being written:
+        it belongs to the blob lock's transaction, which commits only after this returns — after the object
+        exists — so no reader ever sees metadata without its object, and a failed write rolls the row back. An
+        attachment's statements wait for the write instead (allocating its handle locks the conversation's
+        handles, which should not be held across S3 I/O)."""
+        if attachment is not None:
+            await write
             self._crash_point()
-            return await blob.record(NewBlob(len(data), media_type, index), ref, attachment)
+            return await blob.record(new, ref, attachment)
+        # the INSERT goes out first, then the write is handed to its worker thread: the thread then starts while
+        # the loop only waits (measured: handing over the write first, the thread waited ~0.5 ms for the loop
+        # to finish building the INSERT)
+        recording = asyncio.ensure_future(blob.record(new, ref, None))
+        writing: asyncio.Future | None = None
+        try:
+            await asyncio.sleep(0)
+            writing = asyncio.ensure_future(write)
+            recorded = await recording
+            await writing
+        except BaseException:
+            if writing is None:
+                write.close()  # never started
+            else:
+                writing.cancel()  # (a worker thread's S3 call runs to its end regardless; its result is dropped)
+            # the connection must be idle before the lock's ROLLBACK
+            await asyncio.gather(recording, *([writing] if writing else []), return_exceptions=True)
+            raise
+        self._crash_point()
+        return recorded
 
     async def put(self, req: dict[str, Any]) -> dict[str, Any]:
         _texts_ok(req)
@@ -224,10 +257,13 @@ class BlobStore:
                         if declared_size is not None and declared_size != size:
                             raise DigestMismatch(f"declared size {declared_size} != stored size {size}")
                         return self._upload_reply(declared_sha, size, False, att, transferred=0)
-            try:
-                await asyncio.wait_for(self._upload_slots.acquire(), timeout=5.0)
-            except TimeoutError as exc:
-                raise DependencyUnavailable("too many uploads in progress on this instance") from exc
+            if self._upload_slots.locked():  # (a free slot is taken at once, without wait_for's extra task)
+                try:
+                    await asyncio.wait_for(self._upload_slots.acquire(), timeout=5.0)
+                except TimeoutError as exc:
+                    raise DependencyUnavailable("too many uploads in progress on this instance") from exc
+            else:
+                await self._upload_slots.acquire()
             try:
                 return await self._upload(req["source"], conv, declared_sha, declared_size, media_type, ref,
                                           attachment)
@@ -242,6 +278,9 @@ class BlobStore:
         key = object_key(declared_sha) if declared_sha else temp_key(uuid.uuid4().hex)
         writer = ObjectWriter(self.s3, key, self.cfg.part_bytes, store=not verify_only)
         hasher, indexer, size = hashlib.sha256(), Indexer(self.cfg.index_stride), 0
+        # chunks not indexed yet: while the upload fits one PUT they wait, to be indexed during the lock's round
+        # trip to Postgres (the hash is needed before that, the index only after it)
+        unindexed: list[bytes] = []
         t0 = time.perf_counter()
         try:
             async for chunk in self.transfer.pull(source):
@@ -249,7 +288,11 @@ class BlobStore:
                 if size > self.cfg.upload_max_bytes:
                     raise TooLarge(f"upload is over the {self.cfg.upload_max_bytes}-byte blob limit")
                 hasher.update(chunk)
-                indexer.feed(chunk)
+                if size <= self.cfg.part_bytes:
+                    unindexed.append(chunk)
+                else:
+                    _feed(indexer, unindexed)
+                    indexer.feed(chunk)
                 await writer.write(chunk)
             sha = hasher.hexdigest()
             if (declared_sha is not None and sha != declared_sha) or (declared_size is not None
@@ -257,26 +300,29 @@ class BlobStore:
                 raise DigestMismatch(f"received {size} bytes with sha256 {sha}; declared "
                                      f"{declared_size if declared_size is not None else '?'} bytes, sha256 "
                                      f"{declared_sha or '?'}")
-            index = indexer.finish()
             t1 = time.perf_counter()
-            async with self.db.blob_lock(sha) as blob:
+
+            def finish_index() -> TextIndex:
+                _feed(indexer, unindexed)
+                return indexer.finish()
+
+            # the chunks still unindexed are indexed while Postgres takes the lock
+            async with self.db.blob_lock(sha, meanwhile=finish_index) as blob:
                 t2 = time.perf_counter()
+                index = blob.prepared
                 if await blob.exists():
                     await writer.discard()
-                    t3 = time.perf_counter()
                     created, att = await blob.record(None, ref, attachment)
                 else:
                     if verify_only:
                         raise ServiceError("the blob was collected during the upload; upload again",
                                            code="conflict", retryable=True)
-                    await writer.commit(object_key(sha), sha)
-                    t3 = time.perf_counter()
-                    self._crash_point()
-                    created, att = await blob.record(NewBlob(size, media_type, index), ref, attachment)
-                t4 = time.perf_counter()
+                    created, att = await self._object_then_metadata(
+                        blob, writer.commit(object_key(sha), sha), NewBlob(size, media_type, index), ref, attachment)
+                t3 = time.perf_counter()
             log.debug("upload-timing", size=size, pull_ms=round((t1 - t0) * 1e3, 2),
-                      lock_ms=round((t2 - t1) * 1e3, 2), store_ms=round((t3 - t2) * 1e3, 2),
-                      record_ms=round((t4 - t3) * 1e3, 2), unlock_ms=round((time.perf_counter() - t4) * 1e3, 2))
+                      lock_ms=round((t2 - t1) * 1e3, 2), store_and_record_ms=round((t3 - t2) * 1e3, 2),
+                      commit_ms=round((time.perf_counter() - t3) * 1e3, 2))
             return self._upload_reply(sha, size, created, att, transferred=size, index=index)
         except BaseException:
             await writer.discard()
@@ -479,7 +525,7 @@ class BlobStore:
             # start the S3 read (the request and up to two chunks, one thread hop: a 1 MiB blob is one large
             # chunk plus a small tail) while Postgres checks the allow-list; nothing is sent before it passes
             ahead = 2 * piece if want is None else min(2 * piece, want)
-            early = asyncio.ensure_future(self.s3.open(object_key(sha), 0, want, prefetch=ahead))
+            early = self.s3.open_soon(object_key(sha), 0, want, prefetch=ahead)
         try:
             info = await self._readable(req)
         except BaseException:
@@ -558,6 +604,12 @@ class BlobStore:
         output = envelopes.inflate(envelope, texts)
         gone = [s for s, t in texts.items() if t is None]
         return {"output": output, "gone": gone}
+
+
+def _feed(indexer: Indexer, chunks: list[bytes]) -> None:
+    for c in chunks:
+        indexer.feed(c)
+    chunks.clear()
 
 
 async def _reader_chunks(reader: ObjectReader, length: int, piece: int) -> AsyncIterator[bytes]:

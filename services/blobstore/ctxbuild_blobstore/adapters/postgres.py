@@ -4,9 +4,9 @@ Connection trouble and timeouts become DependencyUnavailable (retryable); a cons
 becomes a typed `storage-error`. Every statement names its schema, so search_path does not matter.
 
 Writers and the garbage collector meet on one Postgres advisory lock per blob (key: the first 64 bits of its
-sha256). A writer holds it *shared* from "does the blob exist?" until its metadata + reference commit — across the
-S3 write in between — so a collector, which needs it *exclusive* and never waits for it, can never delete an
-object or a row that a concurrent put is about to (re)reference.
+sha256). A writer holds it *shared* (transaction-scoped) from "does the blob exist?" until its metadata + reference
+commit — across the S3 write in between — so a collector, which needs it *exclusive* and never waits for it, can
+never delete an object or a row that a concurrent put is about to (re)reference.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import re
 from array import array
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import structlog
@@ -91,10 +92,11 @@ class LockedBlob:
     """A connection holding the blob's shared advisory lock (see module doc). ``existed``: whether the metadata
     row was there when the lock was taken (it cannot vanish while the lock is held)."""
 
-    def __init__(self, conn: asyncpg.Connection, sha256: str, existed: bool) -> None:
+    def __init__(self, conn: asyncpg.Connection, sha256: str, existed: bool, prepared: Any = None) -> None:
         self.conn = conn
         self.sha256 = sha256
         self.existed = existed
+        self.prepared = prepared  # what ``blob_lock(meanwhile=…)`` computed while the lock was being taken
 
     async def exists(self) -> bool:
         return self.existed
@@ -110,21 +112,18 @@ class LockedBlob:
 
         Returns ``(created, attachment)``: created is True when this call inserted the metadata row.
         ``new=None`` references a blob that already exists (under this lock it cannot vanish).
-        Without an attachment this is ONE statement (its own transaction: one round trip, one commit)."""
+        Part of the lock's transaction: nothing is visible to anyone else before it commits. Without an
+        attachment this is ONE statement (one round trip)."""
         conn, sha = self.conn, self.sha256
+        created, inserted = await _record(conn, sha, new, ref)
+        if not inserted:
+            await _check_owner(conn, sha, ref)
         if attachment is None:
-            created, inserted = await _record(conn, sha, new, ref)
-            if not inserted:
-                await _check_owner(conn, sha, ref)
             return created, None
-        async with conn.transaction():
-            created, inserted = await _record(conn, sha, new, ref)
-            if not inserted:
-                await _check_owner(conn, sha, ref)
-            display_name, media_type = attachment
-            size = await conn.fetchval("SELECT size FROM blobstore.blobs WHERE sha256 = $1", sha)
-            att = await _allocate_attachment(conn, ref.conversation_id, display_name, sha, media_type, size)
-            return created, att
+        display_name, media_type = attachment
+        size = await conn.fetchval("SELECT size FROM blobstore.blobs WHERE sha256 = $1", sha)
+        att = await _allocate_attachment(conn, ref.conversation_id, display_name, sha, media_type, size)
+        return created, att
 
 
 _REF_CTE = ("r AS (INSERT INTO blobstore.refs (sha256, owner_kind, owner_id, role, conversation_id) "
@@ -193,8 +192,30 @@ async def _allocate_attachment(conn: asyncpg.Connection, conversation_id: str, d
 
 
 async def _no_session_state(conn: asyncpg.Connection) -> None:
-    """Pool reset: this adapter keeps no session state (no SET, LISTEN or cursors) and releases every advisory
-    lock it takes explicitly (:func:`_unlock`), so the default reset round trip on every release is skipped."""
+    """Pool reset: this adapter keeps no session state (no SET, LISTEN or cursors), releases every session-level
+    advisory lock it takes explicitly (:func:`_unlock`) and ends every transaction it opens (:func:`_commit`,
+    :func:`_rollback`), so the default reset round trip on every release is skipped."""
+
+
+async def _commit(conn: asyncpg.Connection) -> None:
+    """COMMIT a transaction opened by hand. If that fails the session is dropped (and the error raised): a pooled
+    connection must never carry an open transaction, or the locks it holds, to its next user."""
+    try:
+        await conn.execute("COMMIT")
+    except BaseException:
+        log.warning("commit-failed-terminating-connection")
+        conn.terminate()
+        raise
+
+
+async def _rollback(conn: asyncpg.Connection) -> None:
+    """ROLLBACK (a no-op outside a transaction); if even that fails, drop the session. Never raises: it runs
+    while another error is on its way out."""
+    try:
+        await conn.execute("ROLLBACK")
+    except BaseException:  # noqa: BLE001 - incl. a cancellation arriving now: the session goes either way
+        log.warning("rollback-failed-terminating-connection")
+        conn.terminate()
 
 
 async def _unlock(conn: asyncpg.Connection, sql: str, key: int) -> None:
@@ -248,31 +269,51 @@ class Postgres:
 
     # ---------- writes (under the blob's shared lock) ----------
     @asynccontextmanager
-    async def blob_lock(self, sha256: str) -> AsyncIterator[LockedBlob]:
-        """The blob's shared lock (session-level, so the S3 write in between runs in no transaction), then
-        whether its row exists — a separate statement, so its snapshot is taken after the lock was granted."""
+    async def blob_lock(self, sha256: str, meanwhile: Callable[[], Any] | None = None) -> AsyncIterator[LockedBlob]:
+        """A transaction holding the blob's shared lock (transaction-scoped), then whether its row exists — a
+        separate statement, so its snapshot is taken after the lock was granted. Writes through the yielded
+        :class:`LockedBlob` belong to that transaction: it commits when the block ends normally (releasing the lock
+        with it) and rolls back on an exception. So a writer may run its metadata INSERT while its S3 write is in
+        flight: nothing is visible before the COMMIT, which comes after the object exists.
+
+        ``meanwhile``: CPU work to do while Postgres answers (the loop would idle through that round trip); its
+        result is the yielded blob's ``prepared``."""
         async with self._conn() as conn:
             key = lock_key(sha256)
+            prepared = None
             try:
                 if _HEX64.fullmatch(sha256):
-                    # one round trip: two statements in one simple query. Under READ COMMITTED each statement
+                    # one round trip: three statements in one simple query. Under READ COMMITTED each statement
                     # takes its own snapshot, so the existence check still sees everything committed before the
                     # lock was granted; its command tag ("SELECT 1" / "SELECT 0") is the answer. Both values are
                     # literals we derived (an int, a validated hex digest): nothing of a caller's is spliced in.
-                    tag = await conn.execute(f"SELECT pg_advisory_lock_shared('{int(key)}'::bigint); "
-                                             f"SELECT 1 FROM blobstore.blobs WHERE sha256 = '{sha256}'")
+                    sent = asyncio.ensure_future(conn.execute(
+                        f"BEGIN; SELECT pg_advisory_xact_lock_shared('{int(key)}'::bigint); "
+                        f"SELECT 1 FROM blobstore.blobs WHERE sha256 = '{sha256}'"))
+                    if meanwhile is not None:
+                        await asyncio.sleep(0)  # one step of the task: the query is on the wire
+                        try:
+                            prepared = meanwhile()
+                        except BaseException:
+                            await asyncio.gather(sent, return_exceptions=True)
+                            raise
+                    tag = await sent
                     existed = tag.strip() != "SELECT 0"
                 else:  # never a content address; kept for completeness
-                    await conn.execute("SELECT pg_advisory_lock_shared($1)", key)
+                    await conn.execute("BEGIN")
+                    await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", key)
                     existed = await conn.fetchval(
                         "SELECT EXISTS (SELECT 1 FROM blobstore.blobs WHERE sha256 = $1)", sha256)
+                    prepared = meanwhile() if meanwhile is not None else None
             except BaseException:
-                await _unlock(conn, "SELECT pg_advisory_unlock_shared($1)", key)  # harmless if not taken
+                await _rollback(conn)
                 raise
             try:
-                yield LockedBlob(conn, sha256, bool(existed))
-            finally:
-                await _unlock(conn, "SELECT pg_advisory_unlock_shared($1)", key)
+                yield LockedBlob(conn, sha256, bool(existed), prepared)
+            except BaseException:
+                await _rollback(conn)
+                raise
+            await _commit(conn)
 
     async def release(self, owner_kind: str, owner_id: str, role: str | None = None,
                       sha256: str | None = None) -> list[str]:

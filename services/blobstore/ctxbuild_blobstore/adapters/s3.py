@@ -14,6 +14,8 @@ object when it is completed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import io
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -89,10 +91,19 @@ class ObjectStore:
         self.deadline = 2 * timeout + 1.0
         self.slow_deadline = slow_timeout + timeout + 1.0
 
+    @staticmethod
+    def _submit(fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+        """Hand the blocking call to a worker thread now (``asyncio.to_thread`` would wait for its coroutine to
+        be scheduled first); the context goes along, as with to_thread."""
+        ctx = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(None, functools.partial(ctx.run, fn, *args, **kwargs))
+
     async def _call(self, what: str, fn: Callable[..., T], *args: Any, slow: bool = False, **kwargs: Any) -> T:
+        return await self._settle(what, self._submit(fn, *args, **kwargs), slow=slow)
+
+    async def _settle(self, what: str, call: asyncio.Future[T], *, slow: bool = False) -> T:
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs),
-                                          timeout=self.slow_deadline if slow else self.deadline)
+            return await asyncio.wait_for(call, timeout=self.slow_deadline if slow else self.deadline)
         except S3Error:
             raise  # callers decide what a missing key means
         except TimeoutError as exc:
@@ -179,11 +190,24 @@ class ObjectStore:
         is missing. The request is sent now; the body is read piece by piece with :meth:`ObjectReader.read`.
         ``prefetch``: read up to that many bytes of the body in the same worker-thread call (one thread hop
         instead of two for the first piece)."""
-        got = await self._s3("get_object", self._open, key, start, length, prefetch, missing_ok=True)
-        if got is None:
-            return None
-        resp, head = got
-        return ObjectReader(self, resp, key, head)
+        return await self.open_soon(key, start, length, prefetch)
+
+    def open_soon(self, key: str, start: int = 0, length: int | None = None,
+                  prefetch: int = 0) -> asyncio.Task[ObjectReader | None]:
+        """:meth:`open`, with the request handed to a worker thread before this returns (a read that races
+        another lookup starts at once)."""
+        call = self._submit(self._open, key, start, length, prefetch)
+
+        async def opened() -> ObjectReader | None:
+            try:
+                resp, head = await self._settle("get_object", call)
+            except S3Error as exc:
+                if exc.code in _MISSING:
+                    return None
+                raise DependencyUnavailable(f"s3: get_object failed: {exc.code}: {exc.message}") from exc
+            return ObjectReader(self, resp, key, head)
+
+        return asyncio.ensure_future(opened())
 
     def _open(self, key: str, start: int, length: int | None, prefetch: int) -> tuple[Any, bytes]:
         resp = self.client.get_object(self.bucket, key, offset=start, length=length or 0)

@@ -19,20 +19,19 @@ replicas in one queue group need no stickiness.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections import deque
 from collections.abc import AsyncIterator
 
 import structlog
 from ctxbuild_platform.errors import ServiceError
 from faststream.nats import NatsBroker
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 
 log = structlog.get_logger("blobstore.transfer")
 
 ERROR_HEADER = "Ctx-Blob-Error"
 OFFSET_HEADER = "Ctx-Blob-Offset"
+NO_RESPONDERS = "503"  # the server's status reply to a message nobody subscribes to
 HEADER_ROOM = 4096  # bytes of a pushed message kept free for its headers (HPUB counts headers + payload)
 
 
@@ -78,20 +77,6 @@ class Transfer:
         self.chunk_bytes = chunk_bytes
         self.window = max(1, window)
         self.timeout_s = timeout_s
-        self._tail: set[asyncio.Task] = set()  # unawaited acknowledgements of early-replied pushes
-
-    def _tail_done(self, task: asyncio.Task) -> None:
-        self._tail.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("push-tail-unacknowledged", error=str(task.exception())[:200])
-
-    async def _request(self, subject: str, data: bytes, headers: dict[str, str] | None = None):
-        try:
-            return await self.broker.connection.request(subject, data, timeout=self.timeout_s, headers=headers)
-        except NoRespondersError as exc:
-            raise TransferAborted(f"nobody is listening on {subject}") from exc
-        except (NatsTimeout, TimeoutError) as exc:
-            raise TransferAborted(f"{subject} did not answer within {self.timeout_s:g}s") from exc
 
     def _max_payload(self) -> int:
         try:
@@ -114,73 +99,101 @@ class Transfer:
         return max(self.chunk_bytes, min(offered, own)) if own > 0 else self.chunk_bytes
 
     async def pull(self, source: str) -> AsyncIterator[bytes]:
-        """The caller's bytes, chunk by chunk, until its empty reply."""
-        pending: deque[asyncio.Task] = deque()
-        seq = 0
+        """The caller's bytes, chunk by chunk, until its empty reply. Pulls are published at once (no task in
+        between), each with its own reply subject ``<inbox>.<seq>`` under this transfer's inbox; the replies are
+        taken in sequence."""
+        nc = self.broker.connection
+        loop = asyncio.get_running_loop()
+        inbox = nc.new_inbox()
+        waiting: dict[int, asyncio.Future] = {}
         most = self.pull_bytes
 
-        def ask() -> None:
-            nonlocal seq
-            body = json.dumps({"seq": seq, "max": most}).encode()
-            pending.append(asyncio.ensure_future(self._request(source, body)))
-            seq += 1
+        async def on_reply(msg) -> None:
+            seq = msg.subject.rsplit(".", 1)[-1]
+            fut = waiting.get(int(seq)) if seq.isdigit() else None
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+        sub = await nc.subscribe(inbox + ".*", cb=on_reply)
+        asked = taken = 0
+
+        async def ask() -> None:
+            nonlocal asked
+            waiting[asked] = loop.create_future()
+            await nc.publish(source, json.dumps({"seq": asked, "max": most}).encode(), reply=f"{inbox}.{asked}")
+            asked += 1
 
         try:
             for _ in range(self.window):
-                ask()
+                await ask()
             while True:
-                msg = await pending.popleft()
-                if msg.headers and ERROR_HEADER in msg.headers:
-                    raise TransferAborted(f"the source reported: {msg.headers[ERROR_HEADER][:300]}",
-                                          retryable=False)
+                try:
+                    msg = await asyncio.wait_for(asyncio.shield(waiting[taken]), self.timeout_s)
+                except TimeoutError as exc:
+                    raise TransferAborted(f"{source} did not answer within {self.timeout_s:g}s") from exc
+                del waiting[taken]
+                taken += 1
+                if msg.headers:
+                    if msg.headers.get("Status") == NO_RESPONDERS:
+                        raise TransferAborted(f"nobody is listening on {source}")
+                    if ERROR_HEADER in msg.headers:
+                        raise TransferAborted(f"the source reported: {msg.headers[ERROR_HEADER][:300]}",
+                                              retryable=False)
                 data = msg.data
                 if not data:
                     return
                 if len(data) > most:
                     raise TransferAborted(f"chunk of {len(data)} bytes is over the {most}-byte maximum",
                                           retryable=False)
-                ask()
+                await ask()
                 yield data
         finally:
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            waiting.clear()
+            with contextlib.suppress(Exception):  # a closed connection has no subscription left anyway
+                await sub.unsubscribe()
 
     async def push(self, sink: str, chunks: AsyncIterator[bytes], offset: int, *, await_tail: bool = True) -> int:
         """Send every chunk to the caller's sink; returns how many were sent (all acknowledged, unless
         ``await_tail`` is False: then the last window's acknowledgements are not waited for — the caller asked
-        for an early reply and reads up to the replied length itself)."""
-        pending: deque[asyncio.Task] = deque()
+        for an early reply and reads up to the replied length itself).
+
+        A chunk is published the moment it is read (no task in between: the caller gets it before this instance
+        has even replied), its reply subject this transfer's own acknowledgement inbox. The caller acknowledges
+        chunks in order, so acknowledgements are simply counted."""
+        nc = self.broker.connection
+        acks: asyncio.Queue = asyncio.Queue()
+
+        async def on_ack(msg) -> None:
+            acks.put_nowait(msg)
+
+        sub = await nc.subscribe(nc.new_inbox(), cb=on_ack)
         sent = acked = 0
 
         async def settle() -> None:
             nonlocal acked
-            msg = await pending.popleft()
-            if msg.headers and ERROR_HEADER in msg.headers:
-                raise TransferAborted(f"the sink stopped: {msg.headers[ERROR_HEADER][:300]}", retryable=False)
+            try:
+                msg = await asyncio.wait_for(acks.get(), self.timeout_s)
+            except TimeoutError as exc:
+                raise TransferAborted(f"{sink} did not acknowledge within {self.timeout_s:g}s") from exc
+            if msg.headers:
+                if msg.headers.get("Status") == NO_RESPONDERS:
+                    raise TransferAborted(f"nobody is listening on {sink}")
+                if ERROR_HEADER in msg.headers:
+                    raise TransferAborted(f"the sink stopped: {msg.headers[ERROR_HEADER][:300]}", retryable=False)
             acked += 1
 
         try:
             async for chunk in chunks:
-                if len(pending) >= self.window:
+                while sent - acked >= self.window:
                     await settle()
-                pending.append(asyncio.ensure_future(
-                    self._request(sink, chunk, headers={OFFSET_HEADER: str(offset)})))
+                await nc.publish(sink, chunk, reply=sub.subject, headers={OFFSET_HEADER: str(offset)})
                 offset += len(chunk)
                 sent += 1
             if not await_tail:
-                # the tail's requests finish (ack, or timeout) on their own; none is cancelled before it published
-                for t in pending:
-                    self._tail.add(t)
-                    t.add_done_callback(self._tail_done)
-                pending.clear()
-                return sent
-            while pending:
+                return sent  # acknowledgements still on their way are dropped by the server once we unsubscribe
+            while acked < sent:
                 await settle()
             return acked
         finally:
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            with contextlib.suppress(Exception):  # a closed connection has no subscription left anyway
+                await sub.unsubscribe()

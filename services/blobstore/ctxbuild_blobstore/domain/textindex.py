@@ -109,6 +109,8 @@ class Indexer:
         if self._is_text:
             if self._pos < SNIFF_BYTES and b"\x00" in w[:SNIFF_BYTES - self._pos]:
                 self._is_text = False
+            elif w.isascii() and not self._decoder.getstate()[0]:
+                self._chars += len(w)  # ASCII at a character boundary: valid UTF-8, one char per byte (no decode)
             else:
                 try:
                     self._chars += len(self._decoder.decode(w))
