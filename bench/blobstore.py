@@ -70,6 +70,23 @@ def page_text_chunks(total: int, chunk_lines: int = 200_000):
         yield piece
 
 
+def raw_s3(minio: Minio, bucket: str):
+    """(put, get) straight through the minio client: the baseline every ratio divides by."""
+
+    def raw_put(key: str, data: bytes) -> None:
+        minio.put_object(bucket, key, io.BytesIO(data), len(data), content_type="text/plain; charset=utf-8")
+
+    def raw_get(key: str) -> bytes:
+        r = minio.get_object(bucket, key)
+        try:
+            return r.read()
+        finally:
+            r.close()
+            r.release_conn()
+
+    return raw_put, raw_get
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
@@ -90,16 +107,7 @@ async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int)
     client = BlobClient(RpcClient(broker, default_timeout=60))
     conv = f"conv_bench_{uuid.uuid4().hex[:8]}"
 
-    def raw_put(key: str, data: bytes) -> None:
-        minio.put_object(bucket, key, io.BytesIO(data), len(data), content_type="text/plain; charset=utf-8")
-
-    def raw_get(key: str) -> bytes:
-        r = minio.get_object(bucket, key)
-        try:
-            return r.read()
-        finally:
-            r.close()
-            r.release_conn()
+    raw_put, raw_get = raw_s3(minio, bucket)
 
     svc_put, svc_get, raw_puts, raw_gets = [], [], [], []
     for i in range(n + warmup):
@@ -202,16 +210,7 @@ async def run_floor(stack: Stack, n: int, warmup: int) -> dict:
     tune_malloc()
     nc = await nats.connect(env["CTX_NATS_URL"])
 
-    def raw_put(key: str, data: bytes) -> None:
-        minio.put_object(bucket, key, io.BytesIO(data), len(data), content_type="text/plain; charset=utf-8")
-
-    def raw_get(key: str) -> bytes:
-        r = minio.get_object(bucket, key)
-        try:
-            return r.read()
-        finally:
-            r.close()
-            r.release_conn()
+    raw_put, raw_get = raw_s3(minio, bucket)
 
     try:
         return await measure_floor(nc, raw_put, raw_get, n, warmup)

@@ -21,21 +21,12 @@ from ctxbuild_orchestration.tools import (
 )
 
 from tests.support.fake_searxng import FakeSearxng
-from tests.support.web_pages import PageServer
+from tests.support.web_pages import ARTICLE, PageServer
 
 pytestmark = pytest.mark.integration
 
 ID = re.compile(r"^[A-Za-z0-9]{8}-1$")
 MAX = 65_536
-ARTICLE = """<!doctype html><html><head><meta charset="utf-8"><title>Tide pools of Brittany</title></head>
-<body><nav><a href="/">Home</a> <a href="/shop">Shop</a> <a href="/login">Log in</a></nav>
-<article><h1>Tide pools of Brittany</h1>
-<p>At low tide the granite shelves near Roscoff hold hundreds of small pools full of anemones and blennies.</p>
-<p>Visitors are asked to put every stone back the way they found it, because the animals live underneath.</p>
-<p>The richest pools lie below the mid-tide line and are only uncovered on the biggest spring tides.</p>
-<p>Local guides run walks twice a month and explain how the shore changes through the year.</p>
-</article>
-<footer>Copyright 2024 Example Media. All rights reserved. Cookie settings.</footer></body></html>"""
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000") + b"\x00" * 32
 BIG_TEXT = "".join(f"line {i:06d} of a long plain text body\n" for i in range(10_000))  # ~370 KB
 

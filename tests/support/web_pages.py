@@ -16,6 +16,16 @@ from starlette.routing import Route
 
 from tests.support.server import ThreadedServer
 
+# an article page with navigation and a footer around the main text (extraction must keep only the text)
+ARTICLE = """<!doctype html><html><head><meta charset="utf-8"><title>Tide pools of Brittany</title></head>
+<body><nav><a href="/">Home</a> <a href="/shop">Shop</a> <a href="/login">Log in</a></nav>
+<article><h1>Tide pools of Brittany</h1>
+<p>At low tide the granite shelves near Roscoff hold hundreds of small pools full of anemones and blennies.</p>
+<p>Visitors are asked to put every stone back the way they found it, because the animals live underneath.</p>
+<p>The richest pools lie below the mid-tide line and are only uncovered on the biggest spring tides.</p>
+<p>Local guides run walks twice a month and explain how the shore changes through the year.</p>
+</article>
+<footer>Copyright 2024 Example Media. All rights reserved. Cookie settings.</footer></body></html>"""
 GIVE_UP_S = 60  # the slow endpoints stop on their own after this, should a client never hang up
 
 

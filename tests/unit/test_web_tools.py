@@ -37,17 +37,10 @@ from ctxbuild_orchestration.tools.web_fetch import charset_of, sniff
 from ctxbuild_orchestration.tools.web_search import entities_from_labelled_text
 from ctxbuild_platform.settings import ServiceSettings
 
+from tests.support.web_pages import ARTICLE
+
 ID = re.compile(r"^[A-Za-z0-9]{8}-(\d+)$")
 
-ARTICLE = """<!doctype html><html><head><meta charset="utf-8"><title>Tide pools of Brittany</title></head>
-<body><nav><a href="/">Home</a> <a href="/shop">Shop</a> <a href="/login">Log in</a></nav>
-<article><h1>Tide pools of Brittany</h1>
-<p>At low tide the granite shelves near Roscoff hold hundreds of small pools full of anemones and blennies.</p>
-<p>Visitors are asked to put every stone back the way they found it, because the animals live underneath.</p>
-<p>The richest pools lie below the mid-tide line and are only uncovered on the biggest spring tides.</p>
-<p>Local guides run walks twice a month and explain how the shore changes through the year.</p>
-</article>
-<footer>Copyright 2024 Example Media. All rights reserved. Cookie settings.</footer></body></html>"""
 
 
 # ---------- URLs and the SSRF classification ----------
