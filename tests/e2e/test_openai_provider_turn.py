@@ -46,3 +46,29 @@ async def test_unconfigured_provider_is_a_typed_error(all_services):
         cid = (await http.post("/v1/conversations", json={})).json()["id"]
         bad = await http.post(f"/v1/conversations/{cid}/turns", json={"text": "hi", "provider": {"kind": "nope"}})
         assert bad.status_code == 422
+
+
+async def test_the_answer_streams_as_text_deltas(all_services, fake_openai):
+    """A streamed model answer reaches the SSE client as TextDelta events while the step runs; joined, they are the
+    answer the turn records. They set no id of their own (live only): a resumed stream replays events, not deltas."""
+    answer = "Streaming reaches the front end piece by piece, then the recorded answer."
+    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+        cid = (await http.post("/v1/conversations", json={"settings": {"mcpMode": "disabled"}})).json()["id"]
+        fake_openai.reply_next = {"role": "assistant", "content": answer}
+        fake_openai.delay_next_s = 1.5  # the model thinks long enough for the client to be listening
+        turn = (await http.post(f"/v1/conversations/{cid}/turns", json={
+            "text": "say something", "provider": {"kind": "openai", "model": "fake-model"}})).json()
+        deltas, order = [], []
+        async with aconnect_sse(http, "GET", turn["events"]) as sse:
+            async for ev in sse.aiter_sse():
+                order.append(ev.event)
+                if ev.event == "TextDelta":
+                    deltas.append(json.loads(ev.data))
+                if ev.event in ("TurnCompleted", "TurnFailed"):
+                    last = json.loads(ev.data)
+                    break
+    assert order[-1] == "TurnCompleted", last
+    assert len(deltas) >= 3 and [d["seq"] for d in deltas] == list(range(len(deltas)))
+    assert all(d["turnId"] == turn["turnId"] and d["step"] == 1 for d in deltas)
+    assert "".join(d["text"] for d in deltas) == answer == last["answer"]
+    assert order.index("TextDelta") < order.index("StepServed")  # live: before the step is recorded

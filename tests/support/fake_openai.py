@@ -10,13 +10,14 @@ several deltas, each tool call as an id+name fragment followed by argument fragm
 ``prompt_tokens_details.cached_tokens``.
 
 Test knobs (each applies to the next request only): ``fail_next`` (an HTTP status), ``reply_next`` (the
-assistant message to answer with instead of deciding), ``break_next`` (``"cut"``: the body ends mid-way without
+assistant message to answer with instead of deciding), ``delay_next_s`` (seconds before answering), ``break_next`` (``"cut"``: the body ends mid-way without
 finish_reason or [DONE]; ``"drop"``: the connection is lost mid-body; ``"error"``: an error object arrives
 mid-stream).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -43,6 +44,7 @@ class FakeOpenAI(ThreadedServer):
         self.fail_next: int | None = None  # HTTP status to answer the next request with
         self.reply_next: dict[str, Any] | None = None
         self.break_next: str | None = None
+        self.delay_next_s: float = 0.0  # wait this long before answering the next request (a slow model)
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])]), port)
 
     @property
@@ -65,6 +67,9 @@ class FakeOpenAI(ThreadedServer):
     async def completions(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self.delay_next_s:
+            delay, self.delay_next_s = self.delay_next_s, 0.0
+            await asyncio.sleep(delay)
         if self.fail_next:
             status, self.fail_next = self.fail_next, None
             return JSONResponse({"error": {"message": "overloaded", "type": "server_error"}}, status_code=status)

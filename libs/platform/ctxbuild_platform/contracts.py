@@ -97,6 +97,13 @@ def validate_reference(name: str, payload: Any) -> None:
                              details={"contract": name, "path": where, "violations": len(errors)})
 
 
+# subjects with a per-entity last token (one subject per turn): one contract for the family
+SUBJECT_FAMILIES = ("ctx.turn.delta",)
+
+
 def subject_contract(subject: str, kind: str) -> str:
     """Contract file for a subject's `request`, `reply` or `event` payload."""
+    for family in SUBJECT_FAMILIES:
+        if subject.startswith(family + "."):
+            subject = family
     return f"subjects/{subject}.{kind}.json"

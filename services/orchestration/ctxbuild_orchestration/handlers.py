@@ -7,7 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from ctxbuild_platform.errors import RemoteError, ServiceError
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
 from fastapi import APIRouter, FastAPI, File, Header, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
 from opentelemetry.propagate import inject
@@ -18,7 +19,7 @@ from .adapters.backends import Backends, new_event
 from .adapters.work_queue import ABORT_SUBJECT, TurnQueue
 from .domain.results import full_output
 from .domain.turn_state import fold
-from .runner import new_id
+from .runner import DELTA_SUBJECT, new_id
 
 TERMINAL = {"TurnCompleted", "TurnFailed"}
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
@@ -223,22 +224,46 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
     async def turn_events(conversation_id: str, turn_id: str, request: Request,
-                          last_event_id: str | None = Header(None)) -> Response:
+                          last_event_id: str | None = Header(None), deltas: bool = True) -> Response:
+        """The turn's events as SSE (``id`` = version, resumable with ``Last-Event-ID``), ending with the terminal
+        one. With ``deltas`` (default) the model's text also streams in as ``TextDelta`` events (no ``id``: live
+        only, never replayed — the step's assistant message is the record)."""
         start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 1
         st, _ = await turn_state(conversation_id, turn_id)
         if st.done and start > st.version:
             return Response(status_code=204)  # the turn ended and the client has seen every event: nothing to stream
+        live: asyncio.Queue[bytes] = asyncio.Queue(maxsize=10_000)
+
+        async def on_delta(msg: Any) -> None:
+            try:
+                contracts.validate("subjects/ctx.turn.delta.request.json", json.loads(msg.data))
+                live.put_nowait(msg.data)
+            except (ValueError, InvalidPayload, asyncio.QueueFull):
+                pass  # a malformed or surplus delta is dropped: the events carry the text anyway
 
         async def stream():
             nxt = start
-            while not await request.is_disconnected():
-                page = await backends.read_stream(f"turn:{turn_id}", nxt)
-                for ev in page["events"]:
-                    nxt = ev["version"] + 1
-                    yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(ev["data"])}
-                    if ev["type"] in TERMINAL:
-                        return
-                await asyncio.sleep(sse_poll_s)
+            sub = await backends.rpc.broker.connection.subscribe(f"{DELTA_SUBJECT}.{turn_id}", cb=on_delta) \
+                if deltas and not st.done else None
+            loop = asyncio.get_running_loop()
+            try:
+                while not await request.is_disconnected():
+                    page = await backends.read_stream(f"turn:{turn_id}", nxt)
+                    for ev in page["events"]:
+                        nxt = ev["version"] + 1
+                        yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(ev["data"])}
+                        if ev["type"] in TERMINAL:
+                            return
+                    deadline = loop.time() + sse_poll_s
+                    while (left := deadline - loop.time()) > 0:
+                        try:
+                            data = await asyncio.wait_for(live.get(), left)
+                        except TimeoutError:
+                            break
+                        yield {"event": "TextDelta", "data": data.decode()}
+            finally:
+                if sub is not None:
+                    await sub.unsubscribe()
 
         return EventSourceResponse(stream())
 

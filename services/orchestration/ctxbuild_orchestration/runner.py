@@ -46,7 +46,8 @@ SYSTEM_PROMPT = (
 COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
-MAX_ATTEMPTS = 5  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
+MAX_ATTEMPTS = 5
+DELTA_SUBJECT = "ctx.turn.delta"  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
 
 
 def new_id(prefix: str) -> str:
@@ -258,7 +259,7 @@ class TurnRunner:
                     if self.keep_requests else None
                 with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
                     t0 = time.perf_counter()
-                    response = await self._complete(provider, request, step)
+                    response = await self._complete(provider, request, step, turn_id)
                     model_ms = round((time.perf_counter() - t0) * 1000, 3)
                 parent = turn_messages[-1]["id"] if turn_messages else user_message_id
                 a_msg = {"id": message_id(turn_id, step, "a"), "parentId": parent, "role": "assistant",
@@ -294,10 +295,29 @@ class TurnRunner:
                 raise TurnAborted(ev["data"].get("reason") or "requested")
             raise TurnTakenOver(f"turn:{st.turn_id} has an event this runner did not write ({ev['type']})")
 
-    async def _complete(self, provider: Provider, request: ModelRequest, step: int):
-        if isinstance(provider, ReplayProvider):
-            return await provider.complete(request, step=step)  # the runner knows the step (folds shift counts)
-        return await provider.complete(request)
+    async def _complete(self, provider: Provider, request: ModelRequest, step: int, turn_id: str):
+        on_text = self._delta_publisher(turn_id, step)
+        if isinstance(provider, ReplayProvider):  # the runner knows the step (folds shift counts)
+            return await provider.complete(request, step=step, on_text=on_text)
+        return await provider.complete(request, on_text=on_text)
+
+    def _delta_publisher(self, turn_id: str, step: int):
+        """Text deltas go out on core NATS (ctx.turn.delta.<turn>) for live SSE, never to the event store: the
+        step's assistant message is the durable record. Fire and forget — a lost delta costs nothing."""
+        seq = 0
+
+        async def on_text(text: str) -> None:
+            nonlocal seq
+            if not text:
+                return
+            try:
+                await self.backends.rpc.broker.publish(
+                    {"turnId": turn_id, "step": step, "seq": seq, "text": text}, f"{DELTA_SUBJECT}.{turn_id}")
+                seq += 1
+            except Exception as exc:  # noqa: BLE001 — streaming is a courtesy, the turn must go on
+                log.debug("delta-not-sent", turn_id=turn_id, error=str(exc))
+
+        return on_text
 
     async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any] | None:
         """The served request, byte for byte, as a blob of the turn (its sha256 is the StepServed requestHash):
