@@ -206,6 +206,21 @@ def test_extractive_keeps_the_central_sentences_of_each_row():
     assert extractive_summary(None, rows, 4_000) == out  # deterministic
 
 
+def test_extractive_pairs_each_call_with_its_own_result_when_ids_repeat():
+    """Two turns both calling call_1_1: each call line names its own turn's result, not the later one."""
+    rows = []
+    for k, value in enumerate(["x" * 120, "y" * 4_500]):
+        rows += [{"id": f"u{k}", "role": "user", "parts": [{"type": "text", "text": f"turn {k}"}]},
+                 {"id": f"a{k}", "role": "assistant", "parts": [
+                     {"type": "tool-call", "toolCallId": "call_1_1", "toolName": "bash", "input": {"n": k}}]},
+                 {"id": f"t{k}", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "call_1_1",
+                                                            "toolName": "bash",
+                                                            "output": {"type": "text", "value": value}}]}]
+    out = extractive_summary(None, rows, 4_000)
+    calls = [ln for ln in out.splitlines() if "[called:" in ln]
+    assert len(calls) == 2 and "→ 120 chars" in calls[0] and "→ 4,500 chars" in calls[1], calls
+
+
 async def test_extractive_summarizer_interface():
     out = await ExtractiveSummarizer().fold(FoldRequest("prev", tool_pair(1, "z"), 2_000))
     assert out.summarizer == "extractive" and out.calls == 0 and out.summary.startswith(

@@ -128,33 +128,40 @@ def _call(part: dict[str, Any]) -> str:
     return f"{part.get('toolName', '')}({_cap(_clean(shown), ARGS_CHARS)})"
 
 
-def _results(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """toolCallId → what its result was: where it is archived, an error, or its size."""
-    out: dict[str, str] = {}
-    for row in rows:
+def _results(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str], str]:
+    """(row of the call, toolCallId) → what its result was: where it is archived, an error, or its size. Paired
+    by position (a result answers the latest call with its id before it): ids are only unique within a turn."""
+    out: dict[tuple[int, str], str] = {}
+    pending: dict[str, int] = {}
+    for r, row in enumerate(rows):
         for p in row.get("parts") or []:
-            if p.get("type") != "tool-result":
+            cid = p.get("toolCallId")
+            if p.get("type") == "tool-call":
+                pending[cid] = r
                 continue
+            if p.get("type") != "tool-result" or cid not in pending:
+                continue
+            key = (pending.pop(cid), cid)
             off, output = p.get("offload") or {}, p.get("output") or {}
             if off.get("uri"):
-                out[p.get("toolCallId")] = f"archived at {off['uri']}"
+                out[key] = f"archived at {off['uri']}"
             elif str(output.get("type", "")).startswith("error"):
-                out[p.get("toolCallId")] = "error"
+                out[key] = "error"
             else:
                 value = output.get("value")
                 size = len(value) if isinstance(value, str) else len(json.dumps(value, ensure_ascii=False))
-                out[p.get("toolCallId")] = f"{size:,} chars"
+                out[key] = f"{size:,} chars"
     return out
 
 
-def _suffix(row: dict[str, Any], results: dict[str, str]) -> str:
+def _suffix(row: dict[str, Any], results: dict[tuple[int, str], str], r: int) -> str:
     parts = row.get("parts") or []
     if row.get("role") == "user":
         files = [p.get("displayName") or p.get("handle", "") for p in parts if p.get("type") == "file"]
         return f" [attached: {', '.join(files)}]" if files else ""
     if row.get("role") == "assistant":
         calls = list(dict.fromkeys(
-            _call(p) + (f" → {results[p.get('toolCallId')]}" if p.get("toolCallId") in results else "")
+            _call(p) + (f" → {results[(r, p.get('toolCallId'))]}" if (r, p.get("toolCallId")) in results else "")
             for p in parts if p.get("type") == "tool-call"))
         return f" [called: {'; '.join(calls)}]" if calls else ""
     return ""
@@ -232,7 +239,7 @@ def extractive_summary(previous: str | None, rows: Sequence[dict[str, Any]], max
         role = row.get("role")
         if role in ("user", "assistant"):
             text = _cap(" ".join(sentences[k][1] for k in sorted(chosen.get(r, []))), ENTRY_CHARS)
-            suffix = _suffix(row, results)
+            suffix = _suffix(row, results, r)
             if text or suffix:
                 label = "User" if role == "user" else "Assistant"
                 entries.append(f"- {label}: {text}{suffix}" if text else f"- {label}:{suffix}")
