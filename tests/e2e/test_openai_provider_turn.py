@@ -53,7 +53,8 @@ async def test_the_answer_streams_as_text_deltas(all_services, fake_openai):
     answer the turn records. They set no id of their own (live only): a resumed stream replays events, not deltas."""
     answer = "Streaming reaches the front end piece by piece, then the recorded answer."
     async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
-        cid = (await http.post("/v1/conversations", json={"settings": {"mcpMode": "disabled"}})).json()["id"]
+        cid = (await http.post("/v1/conversations", json={"settings": {"mcpMode": "disabled",
+                                                                        "webTools": False}})).json()["id"]
         fake_openai.reply_next = {"role": "assistant", "content": answer}
         fake_openai.delay_next_s = 1.5  # the model thinks long enough for the client to be listening
         turn = (await http.post(f"/v1/conversations/{cid}/turns", json={
@@ -72,3 +73,6 @@ async def test_the_answer_streams_as_text_deltas(all_services, fake_openai):
     assert all(d["turnId"] == turn["turnId"] and d["step"] == 1 for d in deltas)
     assert "".join(d["text"] for d in deltas) == answer == last["answer"]
     assert order.index("TextDelta") < order.index("StepServed")  # live: before the step is recorded
+    # a conversation that turned web tools off is offered none (nothing to read either: no tools at all)
+    wire = [r for r in fake_openai.requests if r["model"] == "fake-model"][-1]
+    assert not any(t["function"]["name"].startswith("web_") for t in wire.get("tools") or [])

@@ -36,6 +36,7 @@ class ConversationSettings(BaseModel):
     compressEnabled: bool = True
     mcpMode: Literal["manual", "auto", "disabled"] = "manual"
     mcpServers: list[str] = Field(default_factory=list)
+    webTools: bool = Field(True, description="offer the deployment's web tools (web_fetch, web_search) to the model")
 
 
 class CreateConversation(BaseModel):

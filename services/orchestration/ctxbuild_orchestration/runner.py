@@ -357,7 +357,7 @@ class TurnRunner:
                                                          context_window=cs.get("contextWindow"), turn_id=turn_id)
             mcp_tools, wire = resolved["tools"], resolved.get("wire")
         extra: list[ToolSpec] = []
-        if self.web_tools is not None:
+        if self.web_tools is not None and cs.get("webTools", True):
             extra.extend(self.web_tools.specs())
         extra.extend(getattr(provider, "recorded_tools", None) or [])
         if wire is not None:
@@ -444,7 +444,7 @@ class TurnRunner:
                 return r["output"], r.get("effectiveToolName")
             if name in box.mcp_ids:
                 return (await self.backends.invoke(name, args, call["toolCallId"]))["output"], None
-            if self.web_tools is not None:
+            if self.web_tools is not None and any(t.name == name for t in box.specs):
                 out = await self.web_tools.execute(name, args)
                 if out is not None:
                     return out, None
