@@ -177,6 +177,8 @@ async def test_relay_killed_mid_stream_then_restarted_delivers_every_event_once(
         assert row["position"] == last_probe
         info = await js.stream_info("CTX_EVENTS", subjects_filter=subject)
         assert info.state.subjects == {subject: APPENDS * PER_APPEND}  # JetStream dropped every republish
+        # created by the relay with an age limit (Postgres is the log of record) and the configured replicas
+        assert info.config.max_age == 7 * 86_400 and info.config.num_replicas == 1
         assert consumer.redeliveries >= consumer.skipped_acks > 0
         assert consumer.duplicates_ignored >= consumer.skipped_acks
         # the projection was cut mid-way too (or not yet started); after the restart it is complete and equal

@@ -31,7 +31,7 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
     buckets = KvBuckets(lambda: broker.connection, tools=settings.kv_tools_bucket,
                         leases=settings.kv_leases_bucket, turns=settings.kv_turns_bucket,
                         lease_ttl_s=max(settings.lease_ttl_s, settings.server_start_timeout_s + 5),
-                        turn_ttl_s=settings.turn_ttl_s)
+                        turn_ttl_s=settings.turn_ttl_s, replicas=settings.kv_replicas)
     catalog = Catalog(settings, registry, KvToolCache(buckets), KvTurnStore(buckets),
                       publish=make_publisher(broker))
     register(broker, catalog, max_workers=settings.max_workers)

@@ -104,6 +104,8 @@ class Settings(ServiceSettings):
     kv_tools_bucket: str = Field("ctx_mcp_tools", description="JetStream KV bucket: tool cache shared by replicas")
     kv_leases_bucket: str = Field("ctx_mcp_leases", description="JetStream KV bucket: warm-up leases (TTL)")
     kv_turns_bucket: str = Field("ctx_mcp_turns", description="JetStream KV bucket: per-turn meta-tool state (TTL)")
+    kv_replicas: int = Field(1, ge=1, le=5, description="replicas of the KV buckets when a replica creates them "
+                             "(3 on a three-node JetStream cluster)")
     lease_ttl_s: float = Field(60.0, gt=0, description="a warm-up lease expires after this (a crashed holder)")
     turn_ttl_s: float = Field(86_400.0, gt=0, description="per-turn deferral state is kept this long")
     replica_id: str = Field("", description="this replica's id (default: host:pid)")

@@ -39,7 +39,8 @@ def build(settings: Settings) -> AsgiFastStream:
         db, lambda: broker.connection, stream=settings.events_stream,
         subject_prefix=settings.events_subject_prefix, duplicate_window_s=settings.events_duplicate_window_s,
         poll_interval_s=settings.relay_poll_interval_s, batch_size=settings.relay_batch_size,
-        publish_timeout_s=settings.relay_publish_timeout_s, max_backoff_s=settings.relay_max_backoff_s)
+        publish_timeout_s=settings.relay_publish_timeout_s, max_backoff_s=settings.relay_max_backoff_s,
+        replicas=settings.events_stream_replicas, max_age_s=settings.events_max_age_s)
     projector = Projector(db, batch_size=settings.projector_batch_size, batch_bytes=settings.projector_batch_bytes,
                           poll_interval_s=settings.projector_poll_interval_s)
 

@@ -19,6 +19,11 @@ class Settings(ServiceSettings):
     events_subject_prefix: str = Field("ctx.evt", description="events go to <prefix>.<Type>")
     events_duplicate_window_s: float = Field(
         600.0, gt=0, description="JetStream dedup window (Nats-Msg-Id) when the relay creates the stream")
+    events_stream_replicas: int = Field(1, ge=1, le=5, description="replicas of the events stream when the relay "
+                                        "creates it (3 on a three-node JetStream cluster)")
+    events_max_age_s: float = Field(
+        7 * 86_400.0, ge=0, description="age limit of the events stream when the relay creates it (0 = none); "
+                                         "the event log of record is Postgres (consumers catch up with read_all)")
     relay_poll_interval_s: float = Field(0.5, gt=0, description="outbox poll interval when idle")
     relay_batch_size: int = Field(100, ge=1, le=10_000)
     relay_publish_timeout_s: float = Field(5.0, gt=0)

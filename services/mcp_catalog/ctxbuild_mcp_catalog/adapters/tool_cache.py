@@ -41,8 +41,9 @@ class KvBuckets:
     """Binds the three buckets lazily over the broker's NATS connection."""
 
     def __init__(self, connection: Callable[[], Any], *, tools: str, leases: str, turns: str,
-                 lease_ttl_s: float, turn_ttl_s: float) -> None:
+                 lease_ttl_s: float, turn_ttl_s: float, replicas: int = 1) -> None:
         self._connection = connection
+        self.replicas = replicas  # when this replica creates a bucket (3 on a three-node JetStream cluster)
         self.names = {"tools": tools, "leases": leases, "turns": turns}
         self.ttls = {"tools": None, "leases": lease_ttl_s, "turns": turn_ttl_s}
         self._kv: dict[str, Any] = {}
@@ -58,6 +59,7 @@ class KvBuckets:
                 name = self.names[which]
                 try:
                     kv = await js.create_key_value(bucket=name, history=1, ttl=self.ttls[which],
+                                                   replicas=self.replicas,
                                                    description=f"ctxbuild mcp_catalog {which}")
                 except BadRequestError:  # exists with another config (e.g. another TTL): use it as it is
                     kv = await js.key_value(name)

@@ -61,8 +61,10 @@ class OutboxRelay(WakeableWorker):
 
     def __init__(self, db: Database, connection: Callable[[], NatsClient], *, stream: str, subject_prefix: str,
                  duplicate_window_s: float, poll_interval_s: float, batch_size: int, publish_timeout_s: float,
-                 max_backoff_s: float) -> None:
+                 max_backoff_s: float, replicas: int = 1, max_age_s: float = 0.0) -> None:
         super().__init__()
+        self.replicas = replicas
+        self.max_age_s = max_age_s
         self.db = db
         self._connection = connection
         self.stream = stream
@@ -86,7 +88,8 @@ class OutboxRelay(WakeableWorker):
             try:
                 await js.add_stream(StreamConfig(name=self.stream, subjects=[f"{self.subject_prefix}.>"],
                                                  storage=StorageType.FILE,
-                                                 duplicate_window=self.duplicate_window_s))
+                                                 duplicate_window=self.duplicate_window_s,
+                                                 num_replicas=self.replicas, max_age=self.max_age_s or None))
                 log.info("stream-created", stream=self.stream)
             except BadRequestError:
                 await js.stream_info(self.stream)  # created concurrently by another replica
