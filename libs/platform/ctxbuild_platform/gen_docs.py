@@ -61,7 +61,34 @@ def asyncapi(apps: dict[str, Any], contracts: Path) -> dict[str, Any]:
                 msg["payload"] = {"$ref": f"./subjects/{req.name}"}
             if rep.exists():
                 msg["x-reply-payload"] = {"$ref": f"./subjects/{rep.name}"}
+    _add_contract_only_subjects(spec, contracts)
     return spec
+
+
+def _add_contract_only_subjects(spec: dict[str, Any], contracts: Path) -> None:
+    """Subjects with a contract but no FastStream subscriber (the JetStream work queue pulled with nats-py, the
+    per-turn text deltas) are documented from their contract, so the document lists every subject there is."""
+    from .contracts import SUBJECT_FAMILIES
+
+    served = {ch.get("address") for ch in spec.get("channels", {}).values()}
+    for path in sorted((contracts / "subjects").glob("*.request.json")):
+        subject = path.name.removesuffix(".request.json")
+        if subject in served:
+            continue
+        schema = json.loads(path.read_text())
+        address = subject + (".{turnId}" if subject in SUBJECT_FAMILIES else "")
+        key = f"{subject}:Contract"
+        spec.setdefault("channels", {})[key] = {
+            "address": address, "description": schema.get("description", ""),
+            "messages": {"Message": {"$ref": f"#/components/messages/{key}:Message"}},
+            "servers": [{"$ref": "#/servers/development"}]}
+        if subject in SUBJECT_FAMILIES:
+            spec["channels"][key]["parameters"] = {"turnId": {"description": "the turn's id"}}
+        spec.setdefault("components", {}).setdefault("messages", {})[f"{key}:Message"] = {
+            "title": f"{key}:Message", "payload": {"$ref": f"./subjects/{path.name}"}}
+        spec.setdefault("operations", {})[f"{key}:Send"] = {
+            "action": "send", "channel": {"$ref": f"#/channels/{key}"},
+            "messages": [{"$ref": f"#/channels/{key}/messages/Message"}]}
 
 
 def main(argv: list[str] | None = None) -> int:
