@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from collections import Counter
 
 import httpx
@@ -313,3 +314,18 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     assert full["source"] in ("offloaded", "persisted")
     content = full["output"]["value"][0]["content"]
     assert content.startswith("paragraph 0: ") and content.rstrip().endswith("citation text") and len(content) > 100_000
+
+
+async def test_an_abort_whose_wake_up_was_missed_still_ends_the_turn(edge, runners, pages, rpc):
+    """Only the durable half of an abort (the event, no ctx.turn.abort broadcast): the runner's next write meets
+    it as a version conflict and ends the turn as aborted, not as a take-over."""
+    base = edge.url
+    runners("orch-runner-abort-quiet")
+    cid, tid = new_turn(base, "long quiet one", fetch_script(pages, "quiet", 8))
+    wait_for(base, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
+    await rpc.call("ctx.persist.append", {"streamId": f"turn:{tid}", "expectedVersion": None, "events": [
+        {"eventId": str(uuid.uuid4()), "type": "TurnAbortRequested", "data": {"turnId": tid, "reason": "quiet stop"}}]})
+    evs = wait_for(base, cid, tid, terminal, timeout=60)
+    end = terminal(evs)
+    assert len(end) == 1 and end[0]["data"]["code"] == "aborted" and "quiet stop" in end[0]["data"]["message"]
+    assert sum(pages.hits[f"/quiet/{k}"] for k in range(1, 9)) < 8

@@ -212,7 +212,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.post("/conversations/{conversation_id}/turns/{turn_id}/abort", status_code=202)
     async def abort(conversation_id: str, turn_id: str, body: Abort | None = None) -> dict[str, Any]:
-        """Durable first (TurnAbortRequested, read by the runner at every step boundary and at pick-up), then a
+        """Durable first (TurnAbortRequested, read by the runner at pick-up and when its next write finds it), then a
         wake-up for the replica running it."""
         st, _ = await turn_state(conversation_id, turn_id)
         if st.done:

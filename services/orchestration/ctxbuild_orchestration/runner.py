@@ -77,9 +77,20 @@ class TurnStream:
             reply = await self.backends.append(self.stream, [ev], expected=self.version)
         except RemoteError as exc:
             if exc.code == "version-conflict":
-                raise TurnTakenOver(f"{self.stream} moved past version {self.version}") from exc
+                raise await self._why_moved() from exc
             raise
         self.version = max(self.version, reply["toVersion"])
+
+    async def _why_moved(self) -> Exception:
+        """Someone else wrote to the turn since this runner's last event. The edge writes only
+        TurnAbortRequested: that is an abort (the durable half of it — the wake-up broadcast may have been
+        missed). Anything else means another replica runs the turn now."""
+        page = await self.backends.read_stream(self.stream, self.version + 1)
+        foreign = page["events"]
+        if foreign and all(e["type"] == "TurnAbortRequested" for e in foreign):
+            return TurnAborted(foreign[-1]["data"].get("reason") or "requested")
+        return TurnTakenOver(f"{self.stream} moved past version {self.version}: "
+                             f"{[e['type'] for e in foreign]}")
 
 
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
@@ -248,7 +259,6 @@ class TurnRunner:
                     if not rec.calls:
                         return await self._finish(st, ts, step, conversation_id, cs)
                     continue
-                await self._check_abort(st, ts)
                 turn_messages = st.messages(user_message_id)
                 with span("compaction.in_loop", **{"ctx.step": step}):
                     messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
@@ -286,15 +296,6 @@ class TurnRunner:
         await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its {max_steps} "
                          "steps are kept in the conversation — send a follow-up message to continue", retryable=False)
 
-    async def _check_abort(self, st: TurnState, ts: TurnStream) -> None:
-        """The durable abort flag (TurnAbortRequested) is read at every step boundary; any other event this
-        runner did not write means another replica owns the turn now."""
-        page = await self.backends.read_stream(ts.stream, ts.version + 1)
-        for ev in page["events"]:
-            if ev["type"] == "TurnAbortRequested":
-                raise TurnAborted(ev["data"].get("reason") or "requested")
-            raise TurnTakenOver(f"turn:{st.turn_id} has an event this runner did not write ({ev['type']})")
-
     async def _complete(self, provider: Provider, request: ModelRequest, step: int, turn_id: str):
         on_text = self._delta_publisher(turn_id, step)
         if isinstance(provider, ReplayProvider):  # the runner knows the step (folds shift counts)
@@ -326,7 +327,7 @@ class TurnRunner:
             r = await self.backends.blobs.put(body, conversation_id, ("turn", turn_id), "tool_output",
                                               media_type="application/json")
             return {"sha256": r["sha256"], "size": r["size"]}
-        except (RemoteError, Exception) as exc:  # noqa: BLE001 — observability must not fail the turn
+        except Exception as exc:  # noqa: BLE001 — observability must not fail the turn
             log.warning("served-request-not-kept", turn_id=turn_id, error=str(exc))
             return None
 

@@ -8,7 +8,7 @@
 - On drain the runner NAKs the turns it is still running (after the drain window) so another replica takes them
   over at once instead of after ``ack_wait``.
 - ``ctx.turn.abort`` (core NATS, every replica) wakes the replica that runs a turn; the durable part of an abort
-  is the TurnAbortRequested event, checked at every step boundary and at pick-up.
+  is the TurnAbortRequested event, read at pick-up and by the runner's next write (a version conflict).
 """
 
 from __future__ import annotations
