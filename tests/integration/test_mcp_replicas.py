@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import nats
 import pytest
-from ctxbuild_devstack.stack import free_port
+from ctxbuild_devstack.replica import Replica as DevReplica
 
 pytestmark = pytest.mark.integration
 
@@ -28,39 +24,9 @@ GIT_SERVER = {"id": "git_rep", "name": "git", "transport": "stdio", "command": s
 SERVERS = json.dumps([TIME_SERVER, LEASE_SERVER, GIT_SERVER])
 
 
-class Replica:
-    """A second catalog process started by the test (same env as the stack's, its own HTTP port and log)."""
-
-    def __init__(self, stack, name: str) -> None:
-        self.port = free_port()
-        self.log = Path(stack.logs) / f"{name}.log"
-        env = {**os.environ, **stack.service_env("mcp_catalog"), "CTX_HTTP_PORT": str(self.port),
-               "CTX_MCP_SERVERS": SERVERS, "CTX_REPLICA_ID": name}
-        fh = open(self.log, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "ctxbuild_mcp_catalog"], env=env, stdout=fh,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        fh.close()
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"replica {name} exited: {self.log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"replica {name} not ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+def Replica(stack, name: str):
+    """A second catalog process on the stack's env with this test's servers (its own port and log)."""
+    return DevReplica(stack, "mcp_catalog", name, CTX_MCP_SERVERS=SERVERS, CTX_REPLICA_ID=name).wait_ready()
 
 
 def listed(log: Path, server: str) -> int:
