@@ -8,6 +8,7 @@ from ctxbuild_devstack import free_port
 from ctxbuild_providers import AnthropicMessagesProvider, ModelRequest, ProviderError, ToolSpec
 
 from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.text_deltas import Deltas
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +22,6 @@ def fake():
     server = FakeAnthropic(free_port()).start()
     yield server
     server.stop()
-
-
-class Deltas(list):
-    async def __call__(self, text: str) -> None:
-        self.append(text)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

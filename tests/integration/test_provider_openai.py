@@ -8,6 +8,7 @@ from ctxbuild_devstack import free_port
 from ctxbuild_providers import ModelRequest, OpenAIChatProvider, ProviderError, ToolSpec
 
 from tests.support.fake_openai import FakeOpenAI
+from tests.support.text_deltas import Deltas
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +25,6 @@ def fake():
     server = FakeOpenAI(free_port()).start()
     yield server
     server.stop()
-
-
-class Deltas(list):
-    async def __call__(self, text: str) -> None:
-        self.append(text)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
