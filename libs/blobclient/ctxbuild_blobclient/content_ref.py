@@ -1,0 +1,66 @@
+"""Content by reference: a JSON value too large to travel inside an event is stored as one content-addressed
+blob, and the event holds a small reference instead (SPEC §15.1: events stay small).
+
+The reference is ``{"contentRef": {"uri", "sha256", "size", "mediaType"}}`` (``contracts/model/content-ref.json``).
+The blob's bytes are the value as compact JSON with the key order it had, so the same value always gives the same
+blob (and an identical checkpoint or message costs nothing the second time). Readers call :func:`resolve` on any
+value that may be a reference; anything else passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+REF_KEY = "contentRef"
+MEDIA_TYPE = "application/json"
+INLINE_MAX_BYTES = 16 * 1024  # a value at most this large stays inline in its event
+
+
+class BlobPort(Protocol):  # what BlobClient offers; tests pass an in-memory double
+    async def put(self, content: Any, conversation_id: str, owner: Any, role: str, *,
+                  media_type: str | None = None) -> dict[str, Any]: ...
+
+    async def get_bytes(self, conversation_id: str, *, sha256: str | None = None,
+                        uri: str | None = None) -> bytes: ...
+
+
+def encode(value: Any) -> bytes:
+    """The value's JSON bytes as stored in a reference blob (compact, key order kept, UTF-8)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {REF_KEY} and isinstance(value[REF_KEY], Mapping)
+
+
+def fits_inline(value: Any, limit: int = INLINE_MAX_BYTES) -> bool:
+    return len(encode(value)) <= limit
+
+
+async def store(blobs: BlobPort, value: Any, conversation_id: str, owner: Any, role: str) -> dict[str, Any]:
+    """Store ``value`` as a JSON blob with one reference (owner, role); returns the ``contentRef`` object."""
+    body = encode(value)
+    r = await blobs.put(body, conversation_id, owner, role, media_type=MEDIA_TYPE)
+    return {REF_KEY: {"uri": r["uri"], "sha256": r["sha256"], "size": r["size"], "mediaType": MEDIA_TYPE}}
+
+
+async def store_if_large(blobs: BlobPort, value: Any, conversation_id: str, owner: Any, role: str,
+                         limit: int = INLINE_MAX_BYTES) -> Any:
+    """``value`` itself when it fits ``limit`` bytes of JSON, else a reference to it."""
+    if fits_inline(value, limit):
+        return value
+    return await store(blobs, value, conversation_id, owner, role)
+
+
+async def resolve(blobs: BlobPort, value: Any, conversation_id: str) -> Any:
+    """The value a reference stands for (checked against its sha256); a non-reference is returned as is."""
+    if not is_ref(value):
+        return value
+    ref = value[REF_KEY]
+    body = await blobs.get_bytes(conversation_id, sha256=ref["sha256"])
+    if hashlib.sha256(body).hexdigest() != ref["sha256"]:
+        raise ValueError(f"content reference {ref['uri']}: the blob's bytes do not match its sha256")
+    return json.loads(body)
