@@ -64,3 +64,21 @@ async def resolve(blobs: BlobPort, value: Any, conversation_id: str) -> Any:
     if hashlib.sha256(body).hexdigest() != ref["sha256"]:
         raise ValueError(f"content reference {ref['uri']}: the blob's bytes do not match its sha256")
     return json.loads(body)
+
+
+async def store_message_parts(blobs: BlobPort, message: dict[str, Any], conversation_id: str, owner: Any,
+                              role: str, limit: int = INLINE_MAX_BYTES) -> dict[str, Any]:
+    """The message with its ``parts`` stored by reference when they are over ``limit`` bytes of JSON
+    (``contracts/model/message.json``: parts is an array, or a content reference in a stored event)."""
+    parts = message.get("parts")
+    if parts is None or is_ref(parts) or fits_inline(parts, limit):
+        return message
+    return {**message, "parts": await store(blobs, parts, conversation_id, owner, role)}
+
+
+async def resolve_message(blobs: BlobPort, message: dict[str, Any], conversation_id: str) -> dict[str, Any]:
+    """The message with referenced parts read back; a message with inline parts is returned as is."""
+    parts = message.get("parts")
+    if not is_ref(parts):
+        return message
+    return {**message, "parts": await resolve(blobs, parts, conversation_id)}
