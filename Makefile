@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e check-schemas contracts check-contracts \
+	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas contracts check-contracts \
 	lint clean k8s-validate images
 
 help:  ## list targets
@@ -52,7 +52,7 @@ test: sync check-contracts k8s-validate  ## unit, contract, integration and end-
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e check-schemas  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -74,6 +74,9 @@ bench-compaction: sync  ## seed scenario with memoisation on/off; served tokens 
 
 bench-e2e: sync  ## real trajectories through the full stack: served tokens, prefix stability, recovery, kills
 	$(PY) bench/e2e.py --out bench/results/e2e.json
+
+bench-scale: sync  ## no ceiling: 50 turns / 100 MB in one conversation, turn start at 1k vs 10k messages, event sizes
+	$(PY) bench/scale.py --out bench/results/scale.json
 
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
