@@ -3,8 +3,11 @@ the tool-pair invariant, the usage-based estimate and the checkpoint payload."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import pytest
+from ctxbuild_blobclient import content_ref
 from ctxbuild_codec import compaction_budget, trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_compaction.domain import (
@@ -20,6 +23,10 @@ from ctxbuild_compaction.domain import (
     summary_of_row,
     summary_row,
 )
+from ctxbuild_compaction.adapters.blobstore import BlobStore
+from ctxbuild_compaction.handlers import Summarizers, in_loop
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import InvalidPayload
 
 W = 16_000
 TRIGGER = compaction_budget(W).trigger
@@ -233,3 +240,104 @@ def test_fixed_tokens_count_toward_the_trigger():
     assert count_messages(rows) <= TRIGGER
     plan = plan_in_loop(rows, 0, Checkpoint(), InLoopSettings(W, fixed_tokens=count_text("word " * 1_000)))
     assert plan.decision["estimatedTokens"] > TRIGGER
+
+
+# ---------- the handler: a long masking run with the checkpoint by reference (SPEC §15.1) ----------
+
+class MemoryBlobs:
+    """The blob store as the content-reference helpers see it (put + get by sha256), counting reads."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+        self.refs: list[tuple[str, object, str]] = []
+        self.gets = 0
+
+    async def put(self, content, conversation_id, owner, role, *, media_type=None):
+        body = content if isinstance(content, bytes) else content.encode()
+        sha = hashlib.sha256(body).hexdigest()
+        self.objects[sha] = body
+        self.refs.append((sha, owner, role))
+        return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}
+
+    async def get_bytes(self, conversation_id, *, sha256=None, uri=None):
+        self.gets += 1
+        return self.objects[sha256]
+
+
+class NoHistory:
+    async def last_fold(self, turn_id):
+        return None
+
+
+async def masking_run(steps, store):
+    """The runner's side of the loop: it passes the previous reply's checkpoint and only the messages the
+    checkpoint has not consumed; returns each step's (reply, request)."""
+    summarizers = Summarizers("masking", put=store.put)
+    messages = [text_row("u1", "user", "Read service.log page by page and tell me what is unusual.")]
+    ck, out = None, []
+    for step in range(1, steps + 1):
+        offset = ck["consumedCount"] if ck else 0
+        req = {"conversationId": "conv-1", "turnId": "turn-1", "step": step, "offset": offset,
+               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
+               "settings": {"contextWindow": W}}
+        contracts.validate("subjects/ctx.compact.in_loop.request.json", req)
+        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
+        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
+        out.append((reply, req))
+        ck = reply["checkpoint"]
+        call = call_row(f"a{step}", f"c{step}")
+        call["usage"] = {"inputTokens": FIXED + count_messages(reply["messages"]), "outputTokens": 20}
+        part = trim_inflight({"type": "tool-result", "toolCallId": f"c{step}", "toolName": "read_file",
+                              "output": {"type": "text", "value": f"page {step}\n" + PAGE}},
+                             4_800, lambda blob: vfs_uri(blob.sha256))
+        messages += [call, {"id": f"t{step}", "role": "tool", "turnId": "t", "parts": [part]}]
+    return out
+
+
+async def test_a_long_masking_run_keeps_its_checkpoint_by_reference():
+    blobs = MemoryBlobs()
+    store = BlobStore(blobs, 5.0)
+    run = await masking_run(90, store)
+    folds = [r for r, _ in run if r["checkpointChanged"]]
+    assert len(folds) >= 3
+    # the checkpoint the runner records and sends back stays small: a large prefix is a provisional blob of the turn
+    assert all(len(json.dumps(r["checkpoint"])) <= content_ref.INLINE_MAX_BYTES + 2_000 for r, _ in run)
+    big = [r["checkpoint"] for r in folds if content_ref.is_ref(r["checkpoint"]["compactedPrefix"])]
+    assert big, "the masked prefix of a long run outgrows the inline limit"
+    for ck in big:
+        contracts.validate("events/InLoopFoldRecorded.json", {"turnId": "turn-1", **ck, "step": 1})
+        sha = ck["compactedPrefix"]["contentRef"]["sha256"]
+        assert (sha, ("turn", "turn-1"), "provisional") in blobs.refs
+    # zero summarizer calls while the candidate fits; each fold only folds the increment
+    assert all(r["decision"]["summarizerCalls"] == 0 for r, _ in run if not r["checkpointChanged"])
+    for (r, req) in run:
+        if r["checkpointChanged"]:
+            assert set(r["decision"]["foldInput"]["rowIds"]).isdisjoint(
+                {m["id"] for m in (req["checkpoint"] or {}).get("compactedPrefix", [])
+                 if isinstance(req["checkpoint"]["compactedPrefix"], list)})
+    # byte-stable: between folds each served request extends the previous one, prefix rows byte for byte
+    for (prev, _), (cur, _) in zip(run, run[1:], strict=False):
+        if not cur["checkpointChanged"]:
+            n = len(prev["messages"])
+            assert json.dumps(cur["messages"][:n]) == json.dumps(prev["messages"])
+    # this replica stored every prefix it serves: no read-back while it runs the turn
+    assert blobs.gets == 0
+
+
+async def test_another_replica_resolves_the_referenced_checkpoint_once():
+    blobs = MemoryBlobs()
+    run = await masking_run(90, BlobStore(blobs, 5.0))
+    reply, req = next((r, q) for r, q in reversed(run)
+                      if not r["checkpointChanged"] and content_ref.is_ref(q["checkpoint"]["compactedPrefix"]))
+    other = BlobStore(blobs, 5.0)
+    again = [await in_loop(json.loads(json.dumps(req)), NoHistory(), Summarizers("masking"), checkpoints=other)
+             for _ in range(3)]
+    assert all(a["messages"] == reply["messages"] and a["checkpoint"] == req["checkpoint"] for a in again)
+    assert blobs.gets == 1  # content-addressed: cached by sha256 after the first read
+
+
+async def test_a_referenced_checkpoint_without_a_blob_store_is_a_typed_error():
+    ref = {"contentRef": {"uri": vfs_uri("ab" * 32), "sha256": "ab" * 32, "size": 2, "mediaType": "application/json"}}
+    with pytest.raises(InvalidPayload):
+        await in_loop({"conversationId": "c", "turnId": "t", "messages": [],
+                       "checkpoint": {"consumedCount": 0, "compactedPrefix": ref}}, NoHistory())

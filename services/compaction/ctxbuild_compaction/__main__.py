@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform.rpc import RpcClient, rpc
 from ctxbuild_platform.service import make_app, make_broker, serve
 
@@ -20,7 +21,7 @@ def build(settings: Settings):  # -> the ASGI app
     broker = make_broker(settings)
     client = RpcClient(broker, settings.request_timeout_s)
     history = History(client, settings.history_timeout_s, settings.append_timeout_s)
-    blobs = BlobStore(client, settings.blob_put_timeout_s)
+    blobs = BlobStore(BlobClient(client, tune_reads=False), settings.blob_put_timeout_s)
     summarizers = Summarizers(settings.summarizer, put=blobs.put,
                               provider_for=lambda kind, model: make_provider(kind, model, settings),
                               summarizer_provider=settings.summarizer_provider,
@@ -37,7 +38,7 @@ def build(settings: Settings):  # -> the ASGI app
     async def compact_in_loop(payload: dict[str, Any]) -> dict[str, Any]:
         """Between two steps of a turn: the request to serve next, from the memoised fold checkpoint (zero
         summarizer calls while it fits; only the increment is folded when it does not)."""
-        return await in_loop(payload, history, summarizers)
+        return await in_loop(payload, history, summarizers, checkpoints=blobs)
 
     return make_app(settings, broker)
 

@@ -2,9 +2,10 @@
 
 turn_start: history (I/O) → plan (pure) → summarizer (I/O) → finish (pure) → store the summary once as a
 CompactionSummaryRecorded event at its boundary (write once, serve many).
-in_loop: checkpoint (from the request, else read back from the turn stream) → plan (pure) → summarizer only when
-the candidate is over the trigger → finish (pure). The caller — the turn stream's only writer — records the new
-checkpoint (InLoopFoldRecorded) and the decision (CompactionDecided).
+in_loop: checkpoint (from the request, else read back from the turn stream; its compacted prefix resolved when it
+comes by reference) → plan (pure) → summarizer only when the candidate is over the trigger → finish (pure) → a
+large new prefix stored as a blob of the turn, so the reply names it by reference. The caller — the turn stream's
+only writer — records the new checkpoint (InLoopFoldRecorded) and the decision (CompactionDecided).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
+from ctxbuild_blobclient import content_ref
 from ctxbuild_platform import telemetry
 from ctxbuild_platform.errors import InvalidPayload, RemoteError
 
@@ -46,6 +48,13 @@ class HistoryPort(Protocol):
     async def store_summary(self, conversation_id: str, data: dict[str, Any]) -> bool: ...
 
     async def last_fold(self, turn_id: str) -> dict[str, Any] | None: ...
+
+
+class CheckpointPort(Protocol):  # adapters/blobstore.BlobStore
+    async def resolve_checkpoint(self, checkpoint: dict[str, Any], conversation_id: str) -> dict[str, Any]: ...
+
+    async def checkpoint_by_reference(self, checkpoint: dict[str, Any], conversation_id: str,
+                                      turn_id: str) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -159,8 +168,10 @@ async def _store_once(plan, outcome, hist, history: HistoryPort, payload: dict[s
 
 
 async def in_loop(payload: dict[str, Any], history: HistoryPort,
-                  summarizers: Summarizers | Summarizer | None = None) -> dict[str, Any]:
+                  summarizers: Summarizers | Summarizer | None = None, *,
+                  checkpoints: CheckpointPort | None = None) -> dict[str, Any]:
     turn_id = payload.get("turnId")
+    conversation_id = payload["conversationId"]
     started, t0 = _now(), time.monotonic()
     pick = _as_summarizers(summarizers)
     with telemetry.span("compaction.in_loop", **{"ctx.turn_id": turn_id or "", "ctx.step": payload.get("step", 0)}) \
@@ -173,12 +184,20 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
             except RemoteError as exc:  # cannot read it back: start from scratch (folds again, loses nothing)
                 log.warning("checkpoint-read-failed", turn_id=turn_id, error=str(exc)[:300])
             read_back = raw_ck is not None
+        prefix_ref = (raw_ck or {}).get("compactedPrefix")
+        if not content_ref.is_ref(prefix_ref):
+            prefix_ref = None
+        elif checkpoints is None:
+            raise InvalidPayload("the checkpoint's compacted prefix is a content reference and this service has no "
+                                 "blob store to resolve it")
+        else:
+            raw_ck = await checkpoints.resolve_checkpoint(raw_ck, conversation_id)
         ck = Checkpoint.from_payload(raw_ck)
         settings = payload.get("settings") or {}
         try:
             plan = plan_in_loop(payload.get("messages") or [], int(payload.get("offset") or 0), ck,
                                 InLoopSettings.from_payload(payload), turn_id=turn_id,
-                                conversation_id=payload["conversationId"], step=payload.get("step"),
+                                conversation_id=conversation_id, step=payload.get("step"),
                                 retained=payload.get("retained"))
         except CheckpointMismatch as exc:
             raise InvalidPayload(str(exc)) from exc
@@ -197,4 +216,10 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
             log.info("in-loop-decision", turn_id=turn_id, step=payload.get("step"), status=d["status"],
                      reason=d["reason"], estimated_tokens=d["estimatedTokens"], post_tokens=d.get("postTokens"),
                      folded=d.get("foldedCount"), summarizer=d.get("summarizer"), fallback=d.get("fallback"))
-        return replace(plan, decision=d).reply(changed)
+        reply = replace(plan, decision=d).reply(changed)
+        if not changed and prefix_ref is not None:
+            reply["checkpoint"]["compactedPrefix"] = prefix_ref  # unchanged: the same reference, nothing rewritten
+        elif checkpoints is not None and turn_id:
+            reply["checkpoint"] = await checkpoints.checkpoint_by_reference(reply["checkpoint"], conversation_id,
+                                                                            turn_id)
+        return reply

@@ -1,31 +1,99 @@
-"""The blob store as seen from masking: archive an output's full text with a provisional reference to the turn
-(the same reference the in-flight lane uses), so the masked marker's URI is readable with fs_read."""
+"""The blob store as seen from compaction (through ``ctxbuild_blobclient.BlobClient``):
+
+- masking archives an output's full text with a provisional reference to the turn (the same reference the
+  in-flight lane uses), so the masked marker's URI is readable with fs_read;
+- an in-loop checkpoint's compacted prefix travels and is recorded by reference when it is large (SPEC §15.1:
+  events stay small). The prefix blob is provisional to the turn: the runner releases the turn's provisional
+  references once the turn is terminal, and nothing needs the checkpoint after that.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
+from typing import Any
+
 import structlog
-from ctxbuild_platform.rpc import RpcClient
+from ctxbuild_blobclient import content_ref
 
 log = structlog.get_logger("compaction.blobstore")
-INLINE_MAX_CHARS = 256 * 1024  # ctx.blob.put carries the text inline (NATS max_payload): larger texts stay whole
+CHECKPOINT_ROLE = "provisional"
+
+
+class CachedBlobs:
+    """A BlobPort whose reads are cached by sha256 (content-addressed, so a cached body never goes stale).
+    A turn's checkpoint is read back on every step while it is unchanged; the cache makes that one read per
+    replica, and a body this replica just stored is not read back at all."""
+
+    def __init__(self, blobs: content_ref.BlobPort, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.blobs = blobs
+        self.max_bytes = max_bytes
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+
+    def _keep(self, sha256: str, body: bytes) -> None:
+        if len(body) > self.max_bytes or sha256 in self._cache:
+            return
+        self._cache[sha256] = body
+        self._size += len(body)
+        while self._size > self.max_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._size -= len(old)
+
+    async def put(self, content: Any, conversation_id: str, owner: Any, role: str, *,
+                  media_type: str | None = None) -> dict[str, Any]:
+        reply = await self.blobs.put(content, conversation_id, owner, role, media_type=media_type)
+        if isinstance(content, bytes):
+            self._keep(reply["sha256"], content)
+        return reply
+
+    async def get_bytes(self, conversation_id: str, *, sha256: str | None = None,
+                        uri: str | None = None) -> bytes:
+        if sha256 is not None and sha256 in self._cache:
+            self._cache.move_to_end(sha256)
+            return self._cache[sha256]
+        body = await self.blobs.get_bytes(conversation_id, sha256=sha256, uri=uri)
+        if sha256 is not None:
+            self._keep(sha256, body)
+        return body
 
 
 class BlobStore:
-    def __init__(self, client: RpcClient, timeout_s: float) -> None:
-        self.client = client
-        self.timeout_s = timeout_s
+    def __init__(self, blobs: content_ref.BlobPort, timeout_s: float) -> None:
+        self.blobs = CachedBlobs(blobs)
+        self.timeout_s = timeout_s  # masking: an archive write slower than this keeps the output
 
     async def put(self, text: str, conversation_id: str, turn_id: str | None) -> str | None:
         """The archived URI, or None on any failure (the output then stays in full — never fails the fold)."""
-        if len(text) > INLINE_MAX_CHARS or not conversation_id:
+        if not conversation_id:
             return None
-        owner = {"kind": "turn", "id": turn_id} if turn_id else {"kind": "conversation", "id": conversation_id}
+        owner = ("turn", turn_id) if turn_id else ("conversation", conversation_id)
         try:
-            reply = await self.client.call("ctx.blob.put", {
-                "content": text, "conversationId": conversation_id, "owner": owner,
-                "role": "provisional" if turn_id else "tool_output", "mediaType": "text/plain"},
-                timeout=self.timeout_s)
+            reply = await asyncio.wait_for(self.blobs.put(
+                text, conversation_id, owner, "provisional" if turn_id else "tool_output", media_type="text/plain"),
+                self.timeout_s)
             return str(reply["uri"])
         except Exception as exc:  # noqa: BLE001 - unavailable, too large, malformed: keep the output
             log.warning("blob-put-failed", conversation_id=conversation_id, error=f"{type(exc).__name__}: {exc}"[:300])
             return None
+
+    async def resolve_checkpoint(self, checkpoint: dict[str, Any], conversation_id: str) -> dict[str, Any]:
+        """The checkpoint with its compacted prefix inline (a RemoteError propagates: without the prefix the
+        messages sent from its consumedCount on cannot be served)."""
+        prefix = checkpoint.get("compactedPrefix")
+        if not content_ref.is_ref(prefix):
+            return checkpoint
+        return {**checkpoint, "compactedPrefix": await content_ref.resolve(self.blobs, prefix, conversation_id)}
+
+    async def checkpoint_by_reference(self, checkpoint: dict[str, Any], conversation_id: str,
+                                      turn_id: str) -> dict[str, Any]:
+        """The checkpoint with a large compacted prefix stored as a blob of the turn and named by reference;
+        on a failed write it stays inline (the runner stores it before recording it)."""
+        prefix = checkpoint.get("compactedPrefix")
+        try:
+            ref = await content_ref.store_if_large(self.blobs, prefix, conversation_id, ("turn", turn_id),
+                                                   CHECKPOINT_ROLE)
+        except Exception as exc:  # noqa: BLE001 - the reply still carries the checkpoint, inline
+            log.warning("checkpoint-put-failed", turn_id=turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
+            return checkpoint
+        return {**checkpoint, "compactedPrefix": ref}
