@@ -111,11 +111,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return first["events"][0]["data"].get("settings", {})
 
     async def turn_state(conversation_id: str, turn_id: str):
-        page = await backends.read_stream(f"turn:{turn_id}", 1)
-        events = page["events"]
-        while events and events[-1]["version"] < page["lastVersion"]:
-            page = await backends.read_stream(f"turn:{turn_id}", events[-1]["version"] + 1)
-            events = events + page["events"]
+        events = await backends.read_stream_all(f"turn:{turn_id}")
         st = fold(turn_id, events)
         if st.command is None or st.command.get("conversationId") != conversation_id:
             raise ServiceError(f"turn {turn_id} not found in conversation {conversation_id}", code="not-found")

@@ -142,15 +142,7 @@ class TurnRunner:
 
     # ------------------------------------------------------------------ entry
     async def load(self, turn_id: str) -> TurnState:
-        events: list[dict[str, Any]] = []
-        nxt = 1
-        while True:
-            page = await self.backends.read_stream(f"turn:{turn_id}", nxt)
-            events.extend(page["events"])
-            if not page["events"] or page["events"][-1]["version"] >= page["lastVersion"]:
-                break
-            nxt = page["events"][-1]["version"] + 1
-        return fold(turn_id, events)
+        return fold(turn_id, await self.backends.read_stream_all(f"turn:{turn_id}"))
 
     async def run(self, turn_id: str, attempt: int = 1) -> str:
         """Run or resume a turn. Returns how this attempt ended: ``completed``, ``failed``, ``already-done``,

@@ -71,6 +71,9 @@ def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appen
     def limit_of(payload: dict[str, Any]) -> int:
         return min(payload.get("limit", settings.read_default_limit), settings.read_max_limit)
 
+    def bytes_of(payload: dict[str, Any]) -> int:
+        return min(payload.get("maxBytes", settings.read_default_bytes), settings.read_max_bytes)
+
     @rpc(broker, "ctx.persist.append", queue=QUEUE, max_workers=workers)
     async def append(payload: dict[str, Any]) -> dict[str, Any]:
         """Append events to a stream with optimistic concurrency; idempotent by event id."""
@@ -82,13 +85,15 @@ def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appen
 
     @rpc(broker, "ctx.persist.read_stream", queue=QUEUE, max_workers=workers)
     async def read_stream(payload: dict[str, Any]) -> dict[str, Any]:
-        """A stream's events from a version (default 1), oldest first, plus the stream's last version."""
-        return await store.read_stream(payload["streamId"], payload.get("fromVersion", 1), limit_of(payload))
+        """A page of a stream's events from a version (default 1), oldest first, cut at a byte budget, plus the
+        stream's last version and where to continue."""
+        return await store.read_stream(payload["streamId"], payload.get("fromVersion", 1), limit_of(payload),
+                                       bytes_of(payload))
 
     @rpc(broker, "ctx.persist.read_all", queue=QUEUE, max_workers=workers)
     async def read_all(payload: dict[str, Any]) -> dict[str, Any]:
         """Events of every stream after a global position, in position order; never skips a later commit."""
-        return await store.read_all(payload.get("afterPosition", 0), limit_of(payload))
+        return await store.read_all(payload.get("afterPosition", 0), limit_of(payload), bytes_of(payload))
 
     @rpc(broker, "ctx.persist.history", queue=QUEUE, max_workers=workers)
     async def conversation_history(payload: dict[str, Any]) -> dict[str, Any]:

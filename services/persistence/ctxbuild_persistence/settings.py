@@ -47,6 +47,12 @@ class Settings(ServiceSettings):
         True, description="persist lane: give in-flight offloaded outputs a tool_output reference (ctx.blob.ref)")
 
     max_event_bytes: int = Field(
-        900_000, ge=1024, description="data+metadata JSON of one event; must fit a NATS message when relayed")
+        64 * 1024, ge=1024, description="data+metadata JSON of one event (events stay small: large content "
+                                        "travels by content reference, SPEC §15.1)")
     read_default_limit: int = Field(1000, ge=1)
     read_max_limit: int = Field(10_000, ge=1)
+    read_default_bytes: int = Field(256 * 1024, ge=1024, description="page budget of read_stream, read_all and "
+                                    "history when the request names none (JSON of the events/messages)")
+    read_max_bytes: int = Field(768 * 1024, ge=1024, description="the largest page budget a request may ask for "
+                                "(a page still holds one whole event or message when that one is larger)")
+    ref_resolve_concurrency: int = Field(8, ge=1, description="history: content references read at once")

@@ -53,6 +53,6 @@ class History:
             for ev in events:
                 if ev.get("type") == FOLD_EVENT:
                     found = ev["data"]
-            if not events or events[-1]["version"] >= int(page.get("lastVersion", 0)):
+            if not events or not page.get("more"):  # pages are cut by bytes: follow them to the end
                 return found
-            version = events[-1]["version"] + 1
+            version = page["nextVersion"]

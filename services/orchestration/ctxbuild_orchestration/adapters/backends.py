@@ -34,6 +34,17 @@ class Backends:
             req["limit"] = limit
         return await self.rpc.call("ctx.persist.read_stream", req)
 
+    async def read_stream_all(self, stream: str, from_version: int = 1) -> list[dict[str, Any]]:
+        """Every event of a stream from a version, following ``ctx.persist.read_stream``'s byte-bounded pages."""
+        events: list[dict[str, Any]] = []
+        nxt = from_version
+        while True:
+            page = await self.read_stream(stream, nxt)
+            events.extend(page["events"])
+            if not page.get("more") or not page["events"]:
+                return events
+            nxt = page["nextVersion"]
+
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
                             truncate_threshold: int | None, event_id: str | None = None) -> dict:
         """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.

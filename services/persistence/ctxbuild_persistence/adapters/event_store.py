@@ -78,6 +78,28 @@ _SELECT = ("SELECT position, stream_id, version, event_id, type, data::text AS d
            "recorded_at FROM persistence.events ")
 
 
+# A page: the inner query runs a sum over the small size_bytes column (no event data is read for it) and keeps
+# the events that start before the budget is used up and end within it — the first one always; the data of the
+# kept events only is then read. One row more than ``limit`` is looked at to tell whether more remain.
+_PAGE_STREAM = (
+    "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "e.metadata::text AS metadata, e.recorded_at FROM ("
+    "  SELECT position, n, sum(size_bytes) OVER (ORDER BY version) AS upto FROM ("
+    "    SELECT position, version, size_bytes, row_number() OVER (ORDER BY version) AS n "
+    "    FROM persistence.events WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3) c"
+    ") w JOIN persistence.events e USING (position) WHERE w.n = 1 OR w.upto <= $4 ORDER BY e.version")
+_PAGE_ALL = (
+    "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "e.metadata::text AS metadata, e.recorded_at, w.more FROM ("
+    "  SELECT position, n, upto, (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) "
+    "         AS more FROM ("
+    "    SELECT position, n, sum(size_bytes) OVER (ORDER BY position) AS upto FROM ("
+    "      SELECT position, size_bytes, row_number() OVER (ORDER BY position) AS n "
+    "      FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2 + 1) c) s"
+    ") w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2 "
+    "ORDER BY e.position")
+
+
 class EventStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -131,21 +153,28 @@ class EventStore:
         by_version = {r["version"]: r["position"] for r in rows}
         return [by_version[v] for v, _ in plan.to_insert]
 
-    async def read_stream(self, stream_id: str, from_version: int, limit: int) -> dict[str, Any]:
+    async def read_stream(self, stream_id: str, from_version: int, limit: int, max_bytes: int) -> dict[str, Any]:
+        """A page of a stream from ``from_version``: whole events while their JSON fits ``max_bytes`` (at least
+        one, so an event larger than the budget still moves), at most ``limit`` of them."""
         async with db_errors(), self.db.pool.acquire() as conn, \
                 conn.transaction(isolation="repeatable_read", readonly=True):
-            rows = await conn.fetch(_SELECT + "WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3",
-                                    stream_id, from_version, limit)
+            rows = await conn.fetch(_PAGE_STREAM, stream_id, from_version, limit, max_bytes)
             last = await conn.fetchval(
                 "SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream_id)
-        return {"streamId": stream_id, "events": [row_to_event(r) for r in rows], "lastVersion": last}
-
-    async def read_all(self, after_position: int, limit: int) -> dict[str, Any]:
-        async with db_errors(), self.db.pool.acquire() as conn:
-            rows = await conn.fetch(_SELECT + "WHERE position > $1 ORDER BY position LIMIT $2",
-                                    after_position, limit)
         events = [row_to_event(r) for r in rows]
-        return {"events": events, "lastPosition": events[-1]["position"] if events else after_position}
+        nxt = events[-1]["version"] + 1 if events else max(from_version, 1)
+        return {"streamId": stream_id, "events": events, "lastVersion": last, "nextVersion": nxt,
+                "more": nxt <= last}
+
+    async def read_all(self, after_position: int, limit: int, max_bytes: int) -> dict[str, Any]:
+        """A page of the log after ``after_position``, cut like :meth:`read_stream`; ``more`` when the page was
+        cut (by the budget or the count) before the head of the log."""
+        async with db_errors(), self.db.pool.acquire() as conn:
+            rows = await conn.fetch(_PAGE_ALL, after_position, limit, max_bytes)
+        more = bool(rows) and rows[0]["more"]
+        events = [row_to_event(r) for r in rows]
+        last = events[-1]["position"] if events else after_position
+        return {"events": events, "lastPosition": last, "nextPosition": last, "more": more}
 
     async def event_at(self, position: int) -> dict[str, Any] | None:
         async with db_errors(), self.db.pool.acquire() as conn:
