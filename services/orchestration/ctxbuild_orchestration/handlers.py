@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+from ctxbuild_blobclient import content_ref
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
 from fastapi import APIRouter, FastAPI, File, Header, Request, Response, UploadFile
@@ -15,6 +16,7 @@ from opentelemetry.propagate import inject
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse
 
+from .adapters import content
 from .adapters.backends import Backends, new_event
 from .adapters.work_queue import ABORT_SUBJECT, TurnQueue
 from .domain.results import full_output
@@ -37,6 +39,8 @@ class ConversationSettings(BaseModel):
     mcpMode: Literal["manual", "auto", "disabled"] = "manual"
     mcpServers: list[str] = Field(default_factory=list)
     webTools: bool = Field(True, description="offer the deployment's web tools (web_fetch, web_search) to the model")
+    summarizer: Literal["extractive", "llm", "masking"] | None = Field(
+        None, description="which summarizer folds (SPEC §10); null = the compaction service's default")
 
 
 class CreateConversation(BaseModel):
@@ -187,6 +191,9 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         hist = await backends.history(conversation_id)
         parent = hist["messages"][-1]["id"] if hist["messages"] else None
         message = {"id": msg_id, "parentId": parent, "role": "user", "parts": [{"type": "text", "text": body.text}]}
+        # large parts by reference (the event stays small), owned by the conversation: never collected
+        message = await content_ref.store_message_parts(backends.blobs, message, conversation_id,
+                                                        ("conversation", conversation_id), "tool_output")
         await backends.append(f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})])
         await enqueue(conversation_id, turn_id, msg_id, provider, cs, body.maxSteps)
         return accepted(conversation_id, turn_id, msg_id)
@@ -248,6 +255,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                     page = await backends.read_stream(f"turn:{turn_id}", nxt)
                     for ev in page["events"]:
                         nxt = ev["version"] + 1
+                        ev = await content.present_event(backends.blobs, ev, conversation_id)
                         yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(ev["data"])}
                         if ev["type"] in TERMINAL:
                             return
@@ -266,7 +274,10 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}")
     async def turn_log(conversation_id: str, turn_id: str) -> dict[str, Any]:
+        """Status and events; message parts, tool inputs and outputs held by reference are shown inline, a fold
+        checkpoint's compacted prefix stays a reference (each step's served request shows what the model saw)."""
         st, events = await turn_state(conversation_id, turn_id)
+        events = await content.present_events(backends.blobs, events, conversation_id)
         status = ("completed" if st.terminal and st.terminal["type"] == "TurnCompleted" else
                   "failed" if st.terminal else "running" if st.started else "queued")
         out: dict[str, Any] = {"turnId": turn_id, "status": status, "steps": len(st.steps), "events": events}

@@ -8,6 +8,8 @@ which folds ``turn:<id>`` (domain/turn_state.py) and continues from the first st
 - a tool call whose result is recorded (ToolResultRecorded) is not executed again; calls of that step without a
   recorded result are executed (they never reached the log);
 - the in-loop fold resumes from the last InLoopFoldRecorded checkpoint;
+- events stay small: large content (assistant parts, tool inputs and outputs, the checkpoint's prefix) is stored
+  as a blob of the turn and named by reference (adapters/content.py); the fold is resolved before resuming;
 - the end is idempotent: the persist lane's event id and the terminal event's id are derived from the turn id,
   so two replicas racing to finish a turn complete it once.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from ctxbuild_blobclient import content_ref
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
@@ -33,6 +36,7 @@ from ctxbuild_providers import ModelRequest, Provider, ProviderError, ReplayProv
 from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
 
+from .adapters import content
 from .adapters.backends import Backends
 from .domain.steps import tool_result
 from .domain.tools import BUILTINS, META_TOOLS, offered_tools
@@ -154,6 +158,8 @@ class TurnRunner:
         if st.command is None:
             log.error("turn-unknown", turn_id=turn_id)
             return "unknown"
+        # a failed read propagates: the command is not acknowledged and comes back later
+        await content.resolve_steps(self.backends.blobs, st)
         cmd = st.command
         ts = TurnStream(self.backends, turn_id, st.version)
         parent_ctx = extract(cmd.get("trace") or {})
@@ -277,6 +283,8 @@ class TurnRunner:
                     ref = await stored
                     if ref:
                         served_ev["request"] = ref
+                served_ev["assistantMessage"] = await content.small_message(self.backends.blobs, a_msg,
+                                                                            conversation_id, turn_id)
                 await ts.emit("StepServed", served_ev, step)
                 st.steps[step] = StepRecord(step, a_msg)
                 if not response.tool_calls:
@@ -370,9 +378,11 @@ class TurnRunner:
         results: list[dict[str, Any]] = []
         for call in todo:
             if call["toolCallId"] not in rec.requested:
+                args = await content.small_value(self.backends.blobs, call.get("input") or {}, conversation_id,
+                                                 st.turn_id)
                 await ts.emit("ToolCallRequested", {"turnId": st.turn_id, "step": step,
                                                     "toolCallId": call["toolCallId"], "toolName": call["toolName"],
-                                                    "input": call.get("input") or {}}, step, call["toolCallId"])
+                                                    "input": args}, step, call["toolCallId"])
                 rec.requested.add(call["toolCallId"])
             with span("tool", **{"ctx.tool": call["toolName"], "ctx.step": step}):
                 output, effective = await self._execute(conversation_id, st.turn_id, call, box, provider)
@@ -382,8 +392,9 @@ class TurnRunner:
         with span("truncation.step", **{"ctx.step": step}):
             trimmed = await self._truncate(conversation_id, st.turn_id, trunc_settings, results)
         for part in trimmed:
+            output = await content.small_value(self.backends.blobs, part["output"], conversation_id, st.turn_id)
             data = {"turnId": st.turn_id, "step": step, "toolCallId": part["toolCallId"],
-                    "toolName": part["toolName"], "output": part["output"], "trimmed": "offload" in part}
+                    "toolName": part["toolName"], "output": output, "trimmed": "offload" in part}
             if part.get("effectiveToolName"):
                 data["effectiveToolName"] = part["effectiveToolName"]
             if "offload" in part:
@@ -450,8 +461,9 @@ class TurnRunner:
                        checkpoint: dict[str, Any] | None, retained: dict[str, Any], fixed: int,
                        settings: dict[str, Any], ts: TurnStream) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """What step ``step`` serves: ctx.compact.in_loop on the turn's candidate (only the messages the
-        checkpoint has not consumed travel). A new checkpoint is made durable here — the runner is the turn
-        stream's only writer — as InLoopFoldRecorded, and every fold (or failed fold) as CompactionDecided."""
+        checkpoint has not consumed travel; a large compacted prefix travels by reference, compaction resolves it).
+        A new checkpoint is made durable here — the runner is the turn stream's only writer — as
+        InLoopFoldRecorded, and every fold (or failed fold) as CompactionDecided."""
         offset = checkpoint["consumedCount"] if checkpoint else 0
         try:
             reply = await self.backends.rpc.call("ctx.compact.in_loop", {
@@ -461,10 +473,12 @@ class TurnRunner:
         except RemoteError as exc:
             # compaction unavailable: serve the candidate as the last checkpoint has it (nothing is lost)
             log.warning("in-loop-compaction-unavailable", turn_id=turn_id, step=step, error=str(exc))
-            prefix = checkpoint["compactedPrefix"] if checkpoint else []
+            prefix = await content_ref.resolve(self.backends.blobs, checkpoint["compactedPrefix"],
+                                               conversation_id) if checkpoint else []
             return [*prefix, *full[offset:]], checkpoint
         new = reply["checkpoint"]
         if reply["checkpointChanged"]:
+            new = await content.small_checkpoint(self.backends.blobs, new, conversation_id, turn_id)
             await ts.emit("InLoopFoldRecorded", {"turnId": turn_id, **new, "step": step}, step)
         d = reply["decision"]
         if d["status"] != "serve":
