@@ -9,6 +9,7 @@ import pytest
 from ctxbuild_codec import (
     apply_inflight,
     envelopes,
+    nontext,
     inline_truncate,
     marker,
     plan_inflight,
@@ -112,7 +113,13 @@ def test_inflight_mcp_content_and_json_become_text_markers():
                                                     {"type": "text", "text": LINES[1500:]}],
                       "metadata": {"server": "s"}})
     joined = LINES[:1500] + "\n" + LINES[1500:]
-    assert trim_inflight(content, T, store_all)["output"] == {"type": "text", "value": marker(joined)}
+    out = trim_inflight(content, T, store_all)
+    original = nontext.original_text(content["output"])
+    assert out["output"] == {"type": "text", "value": nontext.render_with_markers(
+        marker(joined), nontext.describe(content["output"]), vfs_uri(sha256_hex(original)))}
+    assert out["output"]["value"].startswith(marker(joined) + "\n\n<persisted-output>\nimage not shown")
+    text_only = result({"type": "content", "value": [{"type": "text", "text": LINES}]})
+    assert trim_inflight(text_only, T, store_all)["output"] == {"type": "text", "value": LINES_MARKER}
     value = [{"id": i, "body": "é" * 40} for i in range(100)]
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     out = trim_inflight(result({"type": "json", "value": value}), T, store_all)
@@ -221,14 +228,16 @@ def test_persist_mcp_content_keeps_metadata_and_block_layout():
               {"type": "text", "text": LINES[1200:], "annotations": {"audience": ["user"]}}]
     output = {"type": "content", "value": blocks, "metadata": {"server": "github", "isError": False}}
     part = result(output)
-    env = trim_persist(part, T, store_all)["output"]["value"]
+    # the original output is a blob of its own (tests/unit/test_codec_nontext.py); should its write fail, the
+    # envelope keeps the metadata and the block layout itself, as before
     joined = LINES[:1200] + "\n" + LINES[1200:]
+    env = trim_persist(part, T, lambda b: store_all(b) if b.sha256 == sha256_hex(joined) else None)[
+        "output"]["value"]
     assert env["shape"] == "mcp-content" and env["totalChars"] == 3001 == len(joined)
-    assert env["metadata"] == {"server": "github", "isError": False}
+    assert "original" not in env and env["metadata"] == {"server": "github", "isError": False}
     assert env["blocks"] == [{"type": "text", "text": 1200}, {"type": "text", "text": 0},
                              {"type": "image", "data": "QUJD", "mimeType": "image/png"},
                              {"type": "text", "text": 1800, "annotations": {"audience": ["user"]}}]
-    assert render(env) == trim_inflight(part, T, store_all)["output"]
     assert orjson.dumps(inflate(env, {sha256_hex(joined): joined})) == orjson.dumps(output)
     single = {"type": "content", "value": [{"type": "text", "text": LINES}]}
     env1 = trim_persist(result(single), T, store_all)["output"]["value"]

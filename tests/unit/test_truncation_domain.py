@@ -3,7 +3,7 @@ distinct text once, and shapes the reply. (Policies, codecs and markers are pinn
 
 from __future__ import annotations
 
-from ctxbuild_codec import inline_truncate, marker, sha256_hex, vfs_uri
+from ctxbuild_codec import inline_truncate, marker, nontext, sha256_hex, vfs_uri
 from ctxbuild_truncation.domain import PutResult, apply_step, plan_step, written_from
 
 THRESHOLD = 2_000
@@ -218,7 +218,11 @@ def test_mcp_content_and_error_json_through_the_opaque_lane():
                                                    {"type": "text", "text": "tail block"}],
                       "metadata": {"server": "x"}}, name="mcp__srv__tool_0123")
     _, res = run([content])
-    assert res.parts[0]["output"] == {"type": "text", "value": marker(LINES + "\ntail block")}
+    original = nontext.original_text(content["output"])
+    assert res.parts[0]["output"] == {"type": "text", "value": nontext.render_with_markers(
+        marker(LINES + "\ntail block"), nontext.describe(content["output"]), vfs_uri(sha256_hex(original)))}
+    assert res.parts[0]["offload"]["original"]["sha256"] == sha256_hex(original)
+    assert [(t["key"], t.get("original", False)) for t in res.trimmed] == [("", False), ("#original", True)]
 
 
 def test_offload_provenance_and_reply_rows_are_contract_valid():

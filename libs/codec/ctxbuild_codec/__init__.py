@@ -1,7 +1,7 @@
 """Shared codec library (SPEC §2–§4, §7): budgets, the trim primitive, codecs, tool policies, the pure halves of
 both lanes, persisted-output envelopes and token counts. Every service that trims goes through this package."""
 
-from . import envelopes
+from . import envelopes, nontext
 from .budgets import (
     CompactionBudget,
     compaction_budget,
@@ -27,8 +27,10 @@ from .codecs import (
     split_key,
 )
 from .lanes import (
+    ORIGINAL_KEY,
     BlobToWrite,
     Cut,
+    Original,
     TrimPlan,
     TrimRecord,
     apply_inflight,
@@ -60,10 +62,10 @@ from .trim import (
 )
 
 __all__ = [
-    "CODECS", "ENTITIES", "HEAD_CHARS", "PERSIST_MIN_CHARS", "TAIL_CHARS", "TEXT_FIELD", "Blob", "BlobToWrite",
+    "CODECS", "ENTITIES", "HEAD_CHARS", "ORIGINAL_KEY", "Original", "PERSIST_MIN_CHARS", "TAIL_CHARS", "TEXT_FIELD", "Blob", "BlobToWrite",
     "CompactionBudget", "Cut", "Deflated", "Excerpt", "ToolPolicy", "TrimPlan", "TrimRecord", "apply_inflight",
     "apply_persist", "assemble", "compact_json", "compaction_budget", "deflate", "degraded_excerpt",
-    "effective_tool_name", "envelopes", "excerpt", "extract_text", "handle_prefix_from_uri", "inflate_value",
+    "effective_tool_name", "envelopes", "nontext", "excerpt", "extract_text", "handle_prefix_from_uri", "inflate_value",
     "inflight_threshold", "inline_truncate", "input_room", "marker", "needs_persist_trim", "needs_trim",
     "persist_threshold", "plan_inflight", "plan_persist", "pointer", "policy_for", "records", "render_marker",
     "sha256_hex", "snippet", "split_key", "summarizer_budgets", "total_lines", "trim_inflight", "trim_persist",

@@ -1,7 +1,8 @@
 """Persisted-output envelopes (SPEC §7): parse, render back to the model, inflate for read-back.
 
 - v1 (single blob; shapes ``text``, ``mcp-content``): ``{fileEntryId, vfsFilename, head, tail, totalChars,
-  totalLines, shape, metadata?, blocks?}``.
+  totalLines, shape, metadata?, blocks?, original?}``; ``original`` (SPEC §15.1) names a second blob, the whole
+  original output of an ``mcp-content`` with non-text parts, and the descriptors of those parts' markers.
 - v2 (``shape: entities``): ``{shape, skeleton, blobRefs: [{key, fileEntryId, vfsFilename, head, tail,
   totalChars, totalLines}]}``; the skeleton holds ``snippet(text)`` at each key.
 
@@ -22,13 +23,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from .codecs import assemble
+from .nontext import OF_OUTPUT, read_back, render_with_markers
 from .generated.envelope import PersistedOutput
 from .generated.v1 import PersistedOutputV1
 from .generated.v2 import PersistedOutputV2
 from .trim import VFS_SCHEME, degraded_excerpt, render_marker, vfs_handle
 
-__all__ = ["EnvelopeError", "PersistedOutput", "PersistedOutputV1", "PersistedOutputV2", "blob_refs", "inflate",
-           "parse", "render", "render_part", "version"]
+__all__ = ["EnvelopeError", "PersistedOutput", "PersistedOutputV1", "PersistedOutputV2", "blob_ids", "blob_refs",
+           "inflate", "parse", "render", "render_part", "version"]
 
 
 class EnvelopeError(ValueError):
@@ -46,6 +48,8 @@ def parse(envelope: Mapping[str, Any]) -> PersistedOutputV1 | PersistedOutputV2:
     except ValidationError as exc:
         raise EnvelopeError(f"not a persisted-output envelope: {exc.errors()[0]['msg']}") from exc
     refs = [model] if isinstance(model, PersistedOutputV1) else model.blobRefs
+    if isinstance(model, PersistedOutputV1) and model.original is not None:
+        refs = [*refs, model.original]
     for r in refs:
         if r.vfsFilename != vfs_handle(r.fileEntryId):
             raise EnvelopeError(f"vfsFilename {r.vfsFilename} does not name blob {r.fileEntryId}")
@@ -62,6 +66,20 @@ def blob_refs(envelope: Mapping[str, Any]) -> list[dict[str, Any]]:
                                                    "totalLines")}}]
 
 
+def blob_ids(envelope: Mapping[str, Any]) -> list[str]:
+    """Every blob an envelope names (text blobs, then the original output's), without repeats: what read-back
+    fetches and what a message's references must cover."""
+    ids = [r["fileEntryId"] for r in blob_refs(envelope)]
+    original = envelope.get("original") if version(envelope) == 1 else None
+    if original is not None:
+        ids.append(original["fileEntryId"])
+    return list(dict.fromkeys(ids))
+
+
+def _original_uri(original: Mapping[str, Any], gone: Collection[str]) -> str | None:
+    return None if original["fileEntryId"] in gone else VFS_SCHEME + original["vfsFilename"]
+
+
 def _marker(ref: Mapping[str, Any], gone: Collection[str]) -> str:
     uri = None if ref["fileEntryId"] in gone else VFS_SCHEME + ref["vfsFilename"]
     return render_marker(ref["head"], ref["tail"], ref["totalLines"], ref["totalChars"], uri)
@@ -74,6 +92,10 @@ def render(envelope: Mapping[str, Any], gone: Collection[str] = ()) -> dict[str,
     """
     parse(envelope)
     if version(envelope) == 1:
+        original = envelope.get("original")
+        if original is not None:  # the in-flight lane's text marker + one marker per non-text part
+            return {"type": "text", "value": render_with_markers(_marker(envelope, gone), original["parts"],
+                                                                  _original_uri(original, gone))}
         return {"type": "text", "value": _marker(envelope, gone)}
     texts = {r["key"]: _marker(r, gone) for r in envelope["blobRefs"]}
     return {"type": "json", "value": assemble(envelope["skeleton"], texts)}
@@ -93,21 +115,28 @@ def render_part(part: Mapping[str, Any], gone: Collection[str] = ()) -> dict[str
         r = refs[0]
         out["offload"] = {"mode": "offloaded", "uri": VFS_SCHEME + r["vfsFilename"], "sha256": r["fileEntryId"],
                           "totalChars": r["totalChars"], "totalLines": r["totalLines"]}
+        original = envelope.get("original") if version(envelope) == 1 else None
+        if original is not None and original["fileEntryId"] not in gone:
+            out["offload"]["original"] = {"uri": VFS_SCHEME + original["vfsFilename"],
+                                          "sha256": original["fileEntryId"], "totalChars": original["totalChars"],
+                                          "of": OF_OUTPUT, "type": "content", "parts": original["parts"]}
     else:
         out["offload"] = {"mode": "offloaded", "totalChars": sum(r["totalChars"] for r in refs),
                           "totalLines": sum(r["totalLines"] for r in refs)}
     return out
 
 
+def _verified(text: str, sha256: str) -> bool:
+    try:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest() == sha256
+    except UnicodeEncodeError:
+        return False
+
+
 def _text_for(ref: Mapping[str, Any], texts: Mapping[str, str | None], verify: bool) -> str:
     text = texts.get(ref["fileEntryId"])
-    if text is not None and verify:
-        try:
-            ok = hashlib.sha256(text.encode("utf-8")).hexdigest() == ref["fileEntryId"]
-        except UnicodeEncodeError:
-            ok = False
-        if not ok:
-            text = None  # other bytes under this id: never served as the output
+    if text is not None and verify and not _verified(text, ref["fileEntryId"]):
+        text = None  # other bytes under this id: never served as the output
     return degraded_excerpt(ref["head"], ref["tail"]) if text is None else text
 
 
@@ -143,6 +172,11 @@ def inflate(envelope: Mapping[str, Any], texts: Mapping[str, str | None], *, ver
     if version(envelope) == 2:
         full = {r["key"]: _text_for(r, texts, verify) for r in envelope["blobRefs"]}
         return {"type": "json", "value": assemble(envelope["skeleton"], full)}
+    original = envelope.get("original")
+    if original is not None:
+        whole = texts.get(original["fileEntryId"])
+        if whole is not None and (not verify or _verified(whole, original["fileEntryId"])):
+            return read_back(OF_OUTPUT, "content", whole)  # every block and the metadata, exactly as received
     text = _text_for(envelope, texts, verify)
     if envelope["shape"] == "text":
         return {"type": "text", "value": text}

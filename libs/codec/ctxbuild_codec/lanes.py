@@ -22,10 +22,11 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 from .codecs import ERROR_TYPES, assemble, content_texts, deflate, extract_text, snippet
+from .nontext import OF_OUTPUT, OF_VALUE, describe, has_nontext, original_text, render_with_markers
 from .policy import policy_for
 from .trim import (
     HEAD_CHARS,
@@ -42,6 +43,8 @@ from .trim import (
 
 Lane = Literal["inflight", "persist"]
 Route = Literal["opaque", "codec"]
+ORIGINAL_KEY = "#original"  # the cut of an original output's blob (never a JSON-pointer-lite key: no leading /)
+JSON_TYPES = ("json", "error-json")
 
 # Texts this large are hashed on a worker thread (hashlib releases the GIL) while this one counts their lines.
 PARALLEL_MIN_BYTES = 1 << 20
@@ -111,6 +114,18 @@ BlobToWrite = Cut  # what a service puts into the blob store: ``.sha256``, ``.te
 
 
 @dataclass(frozen=True, slots=True)
+class Original:
+    """An opaque plan's original output (SPEC §15.1, :mod:`ctxbuild_codec.nontext`): ``of: output`` — a content
+    output with non-text parts, stored whole as the cut keyed ``ORIGINAL_KEY``; ``of: value`` — a json output,
+    whose text cut already is its value's compact JSON."""
+
+    of: str
+    type: str
+    parts: tuple[Mapping[str, Any], ...] = ()  # descriptors of the non-text parts (the markers' source)
+    kept_text: str | None = None  # of=output, text under the threshold: the joined text, served whole
+
+
+@dataclass(frozen=True, slots=True)
 class TrimPlan:
     lane: Lane
     route: Route
@@ -120,6 +135,24 @@ class TrimPlan:
     skeleton: Any = None                # codec route: the deflated skeleton (the output value itself)
     shape: str | None = None            # opaque at persist: the v1 shape (text | mcp-content)
     extra: Mapping[str, Any] | None = None  # opaque at persist: metadata / blocks for the envelope
+    original: Original | None = None    # opaque: the original output kept in the blob store (non-text, json)
+
+    @property
+    def text_cut(self) -> Cut | None:
+        """The opaque lane's text cut (None when only non-text parts are offloaded)."""
+        for c in self.cuts:
+            if c.key != ORIGINAL_KEY:
+                return c
+        return None
+
+    @property
+    def original_cut(self) -> Cut | None:
+        """The blob holding the original output: its own cut (of=output) or the text cut (of=value)."""
+        if self.original is None:
+            return None
+        if self.original.of == OF_VALUE:
+            return self.text_cut
+        return next((c for c in self.cuts if c.key == ORIGINAL_KEY), None)
 
     @property
     def blobs(self) -> list[Cut]:
@@ -141,6 +174,7 @@ class TrimRecord:
     total_lines: int
     uri: str | None = None
     sha256: str | None = None
+    original: bool = False  # the blob of the original output (key ORIGINAL_KEY), not a trimmed text
 
 
 def measure(text: str, key: str = "") -> Cut:
@@ -211,16 +245,80 @@ def plan_inflight(part: Mapping[str, Any], threshold: int) -> TrimPlan | None:
             cuts = tuple([measure(text, key) for key, text in d.blobs if len(text) > floor])
             return TrimPlan("inflight", "codec", threshold, cuts, "json", d.skeleton) if cuts else None
     text = extract_text(output)
-    if text is None or not needs_trim(text, threshold):
+    if text is None:
         return None
-    return TrimPlan("inflight", "opaque", threshold, (measure(text),),
-                    "error-text" if kind in ERROR_TYPES else "text")
+    if kind == "content" and has_nontext(output):
+        return _plan_nontext(output, text, "inflight", threshold, threshold)
+    if not needs_trim(text, threshold):
+        return None
+    cut = measure(text)
+    original = Original(OF_VALUE, kind) if kind in JSON_TYPES and cut.sha256 is not None else None
+    return TrimPlan("inflight", "opaque", threshold, (cut,), "error-text" if kind in ERROR_TYPES else "text",
+                    original=original)
+
+
+def _plan_nontext(output: Mapping[str, Any], text: str, lane: Lane, threshold: int, limit: int) -> TrimPlan | None:
+    """A content output with non-text parts: offloaded when its text is over the limit, or when its non-text
+    parts are (their JSON, in chars); the original output goes to the blob store whole. None: untouched."""
+    trim = needs_trim(text, limit)
+    original = original_text(output)
+    if not trim and len(original) - len(text) <= limit:
+        return None
+    ocut = measure(original, ORIGINAL_KEY)
+    if ocut.sha256 is None:  # not storable as UTF-8: the text lanes' old behaviour (persist: keep it whole)
+        return TrimPlan(lane, "opaque", threshold, (measure(text),)) if trim and lane == "inflight" else None
+    cuts = (measure(text), ocut) if trim else (ocut,)
+    if any(c.sha256 is None for c in cuts):
+        return None
+    return TrimPlan(lane, "opaque", threshold, cuts, "text", shape="mcp-content",
+                    original=Original(OF_OUTPUT, "content", tuple(describe(output)), None if trim else text))
+
+
+def _original_record(plan: TrimPlan, uri: str) -> dict[str, Any]:
+    o, cut = plan.original, plan.original_cut
+    assert o is not None and cut is not None
+    rec: dict[str, Any] = {"uri": uri, "sha256": cut.sha256, "totalChars": cut.total_chars, "of": o.of,
+                           "type": o.type}
+    if o.of == OF_OUTPUT:
+        rec["parts"] = [dict(d) for d in o.parts]
+    return rec
+
+
+def _apply_nontext(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str, str | None]) -> dict[str, Any]:
+    """In flight, of=output: the text (or its marker / inline excerpt) and a marker per non-text part. The
+    original not written → the part whole: nothing is dropped ("better fat than lost")."""
+    o, ocut = plan.original, plan.original_cut
+    assert o is not None and ocut is not None
+    ouri = written_uri(ocut, written)
+    if ouri is None:
+        return part if isinstance(part, dict) else dict(part)
+    offload: dict[str, Any] = {"mode": "offloaded"}
+    cut = plan.text_cut
+    if cut is None:
+        text = o.kept_text or ""
+        offload.update(totalChars=len(text), totalLines=text.count("\n") + 1)
+    else:
+        uri = written_uri(cut, written)
+        if uri is not None:
+            text = render_marker(cut.head, cut.tail, cut.total_lines, cut.total_chars, uri)
+            offload.update(uri=uri, sha256=cut.sha256)
+        else:
+            text = inline_truncate(cut.text)
+        offload.update(totalChars=cut.total_chars, totalLines=cut.total_lines)
+    offload["threshold"] = plan.threshold
+    offload["original"] = _original_record(plan, ouri)
+    out = dict(part)
+    out["output"] = {"type": "text", "value": render_with_markers(text, o.parts, ouri)}
+    out["offload"] = offload
+    return out
 
 
 def apply_inflight(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str, str | None]) -> dict[str, Any]:
     """The trimmed part: marker (written) or inline excerpt (not) for the opaque lane; per-entity markers for a
     codec (an entity whose write failed keeps its full text; nothing written → the part itself)."""
     if plan.route == "opaque":
+        if plan.original is not None and plan.original.of == OF_OUTPUT:
+            return _apply_nontext(part, plan, written)
         cut = plan.cuts[0]
         uri = written_uri(cut, written)
         out = dict(part)
@@ -228,6 +326,8 @@ def apply_inflight(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str
             value = render_marker(cut.head, cut.tail, cut.total_lines, cut.total_chars, uri)
             offload = {"mode": "offloaded", "uri": uri, "sha256": cut.sha256, "totalChars": cut.total_chars,
                        "totalLines": cut.total_lines, "threshold": plan.threshold}
+            if plan.original is not None:  # a json output: the offloaded text is its value's compact JSON
+                offload["original"] = _original_record(plan, uri)
         else:
             value = inline_truncate(cut.text)
             offload = {"mode": "inline", "totalChars": cut.total_chars, "totalLines": cut.total_lines,
@@ -256,12 +356,16 @@ def apply_inflight(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str
 
 def records(plan: TrimPlan, written: Mapping[str, str | None]) -> list[TrimRecord]:
     """One record per cut that changed the output (in flight: a failed entity write changed nothing)."""
+    ocut = plan.original_cut if plan.original is not None and plan.original.of == OF_OUTPUT else None
+    if ocut is not None and written_uri(ocut, written) is None and plan.lane == "inflight":
+        return []  # the original was not stored: the part stays whole
     out = []
     for cut in plan.cuts:
         uri = written_uri(cut, written)
         if uri is not None:
-            out.append(TrimRecord(cut.key, "offloaded", cut.total_chars, cut.total_lines, uri, cut.sha256))
-        elif plan.route == "opaque" and plan.lane == "inflight":
+            out.append(TrimRecord(cut.key, "offloaded", cut.total_chars, cut.total_lines, uri, cut.sha256,
+                                  cut is ocut))
+        elif plan.route == "opaque" and plan.lane == "inflight" and cut is not ocut:
             out.append(TrimRecord(cut.key, "inline", cut.total_chars, cut.total_lines))
     return out
 
@@ -338,6 +442,10 @@ def plan_persist(part: Mapping[str, Any], threshold: int) -> TrimPlan | None:
         return None
     if not needs_trim(text, limit):
         return None
+    if kind == "content" and has_nontext(output):
+        # the original goes to the blob store too; ``extra`` is the envelope should that write fail (today's v1)
+        plan = _plan_nontext(output, text, "persist", threshold, limit)
+        return None if plan is None else replace(plan, kind=kind, extra=extra)
     cut = measure(text)
     if cut.sha256 is None:
         return None
@@ -354,12 +462,17 @@ def apply_persist(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str,
     """The part to store: a ``persisted`` output holding a v1 or v2 envelope; the part itself when no text of it
     was written (and, for a codec, the full text of each field whose write failed)."""
     if plan.route == "opaque":
-        cut = plan.cuts[0]
-        if written_uri(cut, written) is None:
+        cut = plan.text_cut
+        if cut is None or written_uri(cut, written) is None:
             return part if isinstance(part, dict) else dict(part)
         envelope = _blob_ref_fields(cut)
         envelope["shape"] = plan.shape
-        if plan.extra:
+        ocut = plan.original_cut if plan.original is not None and plan.original.of == OF_OUTPUT else None
+        if ocut is not None and written_uri(ocut, written) is not None:
+            # every block and the metadata are in the original blob: the event keeps only what markers name
+            envelope["original"] = {"fileEntryId": ocut.sha256, "vfsFilename": vfs_handle(ocut.sha256),
+                                    "totalChars": ocut.total_chars, "parts": [dict(d) for d in plan.original.parts]}
+        elif plan.extra:
             envelope.update(plan.extra)
     else:
         refs = []

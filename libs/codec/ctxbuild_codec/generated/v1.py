@@ -8,6 +8,85 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class NontextPart(BaseModel):
+    """
+    One part of a tool output that its joined text does not show (SPEC §15.1): a non-text MCP content block (image, audio, resource, resource_link, or a text block with extra fields) or a metadata entry (structuredContent). Only what its marker names; the data is in the original output's blob.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Annotated[
+        str,
+        Field(
+            description="the block's type, or `structuredContent` / `metadata` for a metadata entry"
+        ),
+    ]
+    block: Annotated[
+        int | None, Field(description="index of the content block", ge=0)
+    ] = None
+    blocks: Annotated[
+        int | None, Field(description="number of content blocks in the output", ge=1)
+    ] = None
+    mimeType: str | None = None
+    uri: Annotated[
+        str | None,
+        Field(
+            description="resource / resource_link URI (tool-supplied, capped at 200 chars; JSON-quoted in the marker)"
+        ),
+    ] = None
+    name: Annotated[
+        str | None,
+        Field(
+            description="resource_link name (tool-supplied, capped at 200 chars; JSON-quoted in the marker)"
+        ),
+    ] = None
+    bytes: Annotated[
+        int | None,
+        Field(
+            description="decoded size of base64 data / blob, or the declared size of a link",
+            ge=0,
+        ),
+    ] = None
+    chars: Annotated[
+        int | None,
+        Field(
+            description="chars of an embedded text, or of a metadata entry's JSON", ge=0
+        ),
+    ] = None
+    key: Annotated[
+        str | None,
+        Field(description="a metadata entry other than structuredContent: its key"),
+    ] = None
+
+
+class Original(BaseModel):
+    """
+    mcp-content with non-text parts (SPEC §15.1): the whole original output (every block, image/audio data included, and the metadata / structuredContent) is a blob of its own, its compact JSON, read back byte-identical; `metadata` and `blocks` are then not stored here. The model sees the text marker followed by one marker per entry of `parts`.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    fileEntryId: Annotated[
+        str,
+        Field(
+            description="sha256 of the original output's compact JSON (UTF-8)",
+            pattern="^[0-9a-f]{64}$",
+        ),
+    ]
+    vfsFilename: Annotated[str, Field(pattern="^vfs_[0-9a-f]{16}\\.txt$")]
+    totalChars: Annotated[
+        int, Field(description="code points of the original output's JSON", ge=0)
+    ]
+    parts: Annotated[
+        list[NontextPart],
+        Field(
+            description="what each non-text marker names (contracts/model/nontext-part.json)"
+        ),
+    ]
+
+
 class PersistedOutputV1(BaseModel):
     """
     Persisted tool output, single blob (SPEC §7): the full text lives in the blob store under fileEntryId; the stored fields render back to exactly the in-flight marker. Additive changes only: every envelope ever stored must keep validating.
@@ -52,5 +131,11 @@ class PersistedOutputV1(BaseModel):
         list[dict[str, Any]] | None,
         Field(
             description="mcp-content only, present unless the output was exactly one text block holding the whole text: the original blocks in order, each text block's `text` replaced by its length in chars (non-empty ones were joined with \\n), other blocks verbatim"
+        ),
+    ] = None
+    original: Annotated[
+        Original | None,
+        Field(
+            description="mcp-content with non-text parts (SPEC §15.1): the whole original output (every block, image/audio data included, and the metadata / structuredContent) is a blob of its own, its compact JSON, read back byte-identical; `metadata` and `blocks` are then not stored here. The model sees the text marker followed by one marker per entry of `parts`."
         ),
     ] = None

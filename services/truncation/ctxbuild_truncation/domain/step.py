@@ -5,7 +5,9 @@
    (:mod:`.claims`);
 2. the handler puts each text into the blob store (role ``provisional``, owner = the turn);
 3. :func:`apply_step` — each planned part trimmed by ``ctxbuild_codec.apply_inflight`` with what was written;
-   a codec offload (entities, text-field) gets ``offload.blobs`` naming every per-field blob.
+   a codec offload (entities, text-field) gets ``offload.blobs`` naming every per-field blob; an output with
+   non-text parts (SPEC §15.1) names its original in ``offload.original`` (its row in ``trimmed`` says
+   ``original: true``).
 
 Policies, codecs, text extraction and the trim primitive all live in ``ctxbuild_codec``; this module only maps
 a step's parts over them and shapes the reply.
@@ -95,6 +97,8 @@ def apply_step(parts: Sequence[Mapping[str, Any]], plan: StepPlan, written: Mapp
             if r.uri:
                 row["uri"] = r.uri
                 row["sha256"] = r.sha256
+            if r.original:
+                row["original"] = True
             if i in plan.claimed:
                 row["claim"] = True
             row["totalChars"] = r.total_chars
