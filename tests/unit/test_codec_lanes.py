@@ -9,9 +9,9 @@ import pytest
 from ctxbuild_codec import (
     apply_inflight,
     envelopes,
-    nontext,
     inline_truncate,
     marker,
+    nontext,
     plan_inflight,
     plan_persist,
     records,

@@ -10,12 +10,12 @@ from ctxbuild_codec import (
     assemble,
     deflate,
     inflate_value,
+    nontext,
     plan_inflight,
     sha256_hex,
     trim_inflight,
     trim_persist,
 )
-from ctxbuild_codec import nontext
 from ctxbuild_codec.codecs import content_texts
 from ctxbuild_codec.envelopes import inflate, parse, render
 from hypothesis import HealthCheck, given, settings

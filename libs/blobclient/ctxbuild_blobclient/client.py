@@ -329,20 +329,30 @@ class BlobClient:
         if t := dec.decode(b"", final=True):
             yield t
 
-    async def get_result(self, conversation_id: str, envelope: Mapping[str, Any]) -> dict[str, Any]:
-        """Read-back for a UI: the persisted envelope inflated to the original output ``{output, gone}``. When
-        the result is too large for one reply, the blobs are streamed here and inflated with the same codec."""
+    async def get_result(self, conversation_id: str, envelope: Mapping[str, Any] | None = None, *,
+                         offload: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Read-back for a UI: the persisted envelope inflated to the original output ``{output, gone}``, or the
+        original output an in-flight ``offload`` record names (``offload.original``, SPEC §15.1). When the result
+        is too large for one reply, the blobs are streamed here and inflated with the same codec."""
+        req: dict[str, Any] = {"conversationId": conversation_id}
+        if offload is not None:
+            req["offload"] = dict(offload)
+        else:
+            req["envelope"] = dict(envelope or {})
         try:
-            return await self._call("ctx.blob.get_result", {"conversationId": conversation_id,
-                                                            "envelope": dict(envelope)})
+            return await self._call("ctx.blob.get_result", req)
         except RemoteError as exc:
             if exc.code != "too-large":
                 raise
-        from ctxbuild_codec import envelopes
+        from ctxbuild_codec import envelopes, nontext
 
+        if offload is not None:
+            original = offload["original"]
+            text = await self.get_text(conversation_id, sha256=original["sha256"])
+            return {"output": nontext.read_back(original["of"], original["type"], text), "gone": []}
+        assert envelope is not None
         texts: dict[str, str | None] = {}
-        for ref in envelopes.blob_refs(envelope):
-            sha = ref["fileEntryId"]
+        for sha in envelopes.blob_ids(envelope):
             if sha in texts:
                 continue
             try:

@@ -62,12 +62,12 @@ from .trim import (
 )
 
 __all__ = [
-    "CODECS", "ENTITIES", "HEAD_CHARS", "ORIGINAL_KEY", "Original", "PERSIST_MIN_CHARS", "TAIL_CHARS", "TEXT_FIELD", "Blob", "BlobToWrite",
-    "CompactionBudget", "Cut", "Deflated", "Excerpt", "ToolPolicy", "TrimPlan", "TrimRecord", "apply_inflight",
-    "apply_persist", "assemble", "compact_json", "compaction_budget", "deflate", "degraded_excerpt",
-    "effective_tool_name", "envelopes", "nontext", "excerpt", "extract_text", "handle_prefix_from_uri", "inflate_value",
-    "inflight_threshold", "inline_truncate", "input_room", "marker", "needs_persist_trim", "needs_trim",
-    "persist_threshold", "plan_inflight", "plan_persist", "pointer", "policy_for", "records", "render_marker",
-    "sha256_hex", "snippet", "split_key", "summarizer_budgets", "total_lines", "trim_inflight", "trim_persist",
-    "usable_window", "vfs_handle", "vfs_uri",
+    "CODECS", "ENTITIES", "HEAD_CHARS", "ORIGINAL_KEY", "PERSIST_MIN_CHARS", "TAIL_CHARS", "TEXT_FIELD", "Blob",
+    "BlobToWrite", "CompactionBudget", "Cut", "Deflated", "Excerpt", "Original", "ToolPolicy", "TrimPlan",
+    "TrimRecord", "apply_inflight", "apply_persist", "assemble", "compact_json", "compaction_budget", "deflate",
+    "degraded_excerpt", "effective_tool_name", "envelopes", "excerpt", "extract_text", "handle_prefix_from_uri",
+    "inflate_value", "inflight_threshold", "inline_truncate", "input_room", "marker", "needs_persist_trim",
+    "needs_trim", "nontext", "persist_threshold", "plan_inflight", "plan_persist", "pointer", "policy_for",
+    "records", "render_marker", "sha256_hex", "snippet", "split_key", "summarizer_budgets", "total_lines",
+    "trim_inflight", "trim_persist", "usable_window", "vfs_handle", "vfs_uri"
 ]

@@ -23,10 +23,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from .codecs import assemble
-from .nontext import OF_OUTPUT, read_back, render_with_markers
 from .generated.envelope import PersistedOutput
 from .generated.v1 import PersistedOutputV1
 from .generated.v2 import PersistedOutputV2
+from .nontext import OF_OUTPUT, read_back, render_with_markers
 from .trim import VFS_SCHEME, degraded_excerpt, render_marker, vfs_handle
 
 __all__ = ["EnvelopeError", "PersistedOutput", "PersistedOutputV1", "PersistedOutputV2", "blob_ids", "blob_refs",

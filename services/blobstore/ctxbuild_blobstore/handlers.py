@@ -61,8 +61,8 @@ def register(broker: NatsBroker, store: BlobStore, collector: Collector | None =
 
     @rpc(broker, "ctx.blob.get_result", queue=QUEUE, max_workers=max_workers)
     async def get_result(req: dict[str, Any]) -> dict[str, Any]:
-        """Read-back for a UI (SPEC §7): a persisted envelope inflated from its blobs; a gone blob degrades to
-        its excerpt."""
+        """Read-back for a UI (SPEC §7): a persisted envelope inflated from its blobs (a gone blob degrades to
+        its excerpt), or an in-flight offload's original output (SPEC §15.1), byte-identical."""
         return await store.get_result(req)
 
     if collector is not None:

@@ -569,19 +569,22 @@ class BlobStore:
 
     # ------------------------------------------------------------------------ read-back for a UI (SPEC §7)
     async def get_result(self, req: dict[str, Any]) -> dict[str, Any]:
-        """A persisted envelope inflated from its blobs: the original tool output. A blob that is gone degrades
-        to its stored excerpt; one the conversation may not read is access-denied; a result too large for one
-        reply is ``too-large`` (the blob client then streams the blobs and inflates on its side)."""
+        """A persisted envelope inflated from its blobs, or an in-flight offload's original (``offload``): the
+        original tool output. A blob that is gone degrades to its stored excerpt; one the conversation may not
+        read is access-denied; a result too large for one reply is ``too-large`` (the blob client then streams
+        the blobs and inflates on its side)."""
         from ctxbuild_codec import envelopes
 
         _texts_ok({"c": req["conversationId"]})
+        if "offload" in req:
+            return await self._original_result(req["offload"], req["conversationId"])
         envelope, conv = req["envelope"], req["conversationId"]
         try:
-            refs = envelopes.blob_refs(envelope)
+            ids = envelopes.blob_ids(envelope)  # text blobs and, for non-text outputs, the original (§15.1)
         except envelopes.EnvelopeError as exc:
             raise InvalidPayload(str(exc)[:300]) from exc
         infos: dict[str, BlobInfo | None] = {}
-        for sha in dict.fromkeys(r["fileEntryId"] for r in refs):
+        for sha in ids:
             found = await self.db.blob(sha, conv)
             if found is not None and not found[1]:
                 raise AccessDenied(f"blob {sha} is not readable from this conversation")
@@ -604,6 +607,36 @@ class BlobStore:
         output = envelopes.inflate(envelope, texts)
         gone = [s for s, t in texts.items() if t is None]
         return {"output": output, "gone": gone}
+
+    async def _original_result(self, offload: dict[str, Any], conv: str) -> dict[str, Any]:
+        """An in-flight offload's original output (``offload.original``, SPEC §15.1) read back byte-identical:
+        a non-text output's whole JSON, or a json output's value. Its blob being gone is ``not-found`` (there is
+        no excerpt of the original to degrade to: the served part holds what is left)."""
+        from ctxbuild_codec import nontext
+
+        original = offload.get("original")
+        if not isinstance(original, dict):
+            raise InvalidPayload("the offload record names no original output (offload.original)")
+        sha = original["sha256"]
+        found = await self.db.blob(sha, conv)
+        if found is None:
+            raise NotFound(f"blob {sha} is no longer available")
+        info, allowed = found
+        if not allowed:
+            raise AccessDenied(f"blob {sha} is not readable from this conversation")
+        if info.size > self.cfg.result_max_bytes:
+            raise TooLarge(f"the original output is {info.size} bytes, over the {self.cfg.result_max_bytes}-byte "
+                           "reply budget; stream it with ctx.blob.get",
+                           details={"blobs": [{"sha256": sha, "size": info.size}]})
+        try:
+            data = b"".join([c async for c in self._bytes(info, 0, info.size, self.cfg.chunk_bytes)])
+        except ObjectGone as exc:
+            raise NotFound(f"blob {sha} is no longer available") from exc
+        try:
+            output = nontext.read_back(original["of"], original["type"], data.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError: not an original this lane stored
+            raise InvalidPayload(f"blob {sha} does not hold a tool output's JSON") from exc
+        return {"output": output, "gone": []}
 
 
 def _feed(indexer: Indexer, chunks: list[bytes]) -> None:

@@ -7,9 +7,12 @@
    message). Content-addressed and idempotent: a retry writes nothing new. Writes run concurrently; one that
    fails leaves its part with the full output ("better fat than lost").
 3. Apply: the parts become ``persisted`` outputs holding v1/v2 envelopes (``apply_persist``).
-4. Append ONE ``AssistantMessageCompleted`` event (idempotent by ``eventId``, expected version of the
-   conversation stream). The references exist before the event commits, so a committed event never names a
-   blob without a reference.
+4. Events stay small (SPEC §15.1): a message whose parts are over 16 KiB of JSON stores them as one content
+   reference (``ctxbuild_blobclient.content_ref``, owned ``tool_output`` by the message, so GC keeps it), and the
+   messages are packed into as many ``AssistantMessageCompleted`` events as needed (each ≤ ``event_budget`` of
+   messages), appended in ONE append (one transaction; idempotent by ``eventId`` — the later events' ids derive
+   from it; expected version of the conversation stream). The references exist before the events commit, so a
+   committed event never names a blob without a reference. Parts that arrive by reference are read back first.
    Large texts (over one NATS message) take the blob store's chunked upload (``ctxbuild_blobclient``).
 5. The event did not commit, for certain (version conflict, invalid event): the references this call added for
    messages that are not stored are released (``ctx.blob.release``) so the blobs become unreferenced and the
@@ -25,17 +28,18 @@ provisional one) when the blob store offers that subject.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
-from ctxbuild_blobclient import BlobClient
+from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import persist_threshold
 from ctxbuild_platform import contracts
-from ctxbuild_platform.errors import Conflict, InvalidPayload
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
 from ctxbuild_platform.telemetry import span
 
-from .adapters.event_store import EventStore
+from .adapters.event_store import EventStore, dumps
 from .domain.conversation import conversation_stream, fold
 from .domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
 
@@ -77,6 +81,17 @@ class LaneBlobs:
                          error=f"{type(exc).__name__}: {exc}"[:200])
                 return False
 
+    async def resolve_parts(self, conversation_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """A message whose parts came by content reference, with the parts read back."""
+        return await content_ref.resolve_message(self.client, message, conversation_id)
+
+    async def small_parts(self, conversation_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """The message with its parts by content reference when they are large (SPEC §15.1: events stay small);
+        the blob is owned by the message (``tool_output``), like its trimmed outputs, so GC keeps it."""
+        async with self._slots:
+            return await content_ref.store_message_parts(self.client, message, conversation_id,
+                                                         ("message", message["id"]), "tool_output")
+
     async def release(self, message_id: str, sha256: str | None = None) -> bool:
         try:
             await self.client.release(("message", message_id), "tool_output", sha256)
@@ -112,15 +127,45 @@ def inflight_offloads(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str
                 continue
             if isinstance(off.get("sha256"), str):
                 out.setdefault((m["id"], off["sha256"]), None)
-            for b in off.get("blobs") or []:
+            for b in [*(off.get("blobs") or []), off.get("original")]:  # original: a non-text output (§15.1)
                 if isinstance(b, dict) and isinstance(b.get("sha256"), str):
                     out.setdefault((m["id"], b["sha256"]), None)
     return list(out)
 
 
+def completed_events(payload: dict[str, Any], messages: Sequence[dict[str, Any]],
+                     budget: int) -> list[dict[str, Any]]:
+    """The turn's AssistantMessageCompleted events: its messages in order, as many per event as fit ``budget``
+    bytes of JSON (large parts are already references, so every message is small). The first event has the
+    request's eventId, the others ids derived from it: a retry appends the same events, all duplicates."""
+    groups: list[list[dict[str, Any]]] = [[]]
+    used = 0
+    for m in messages:
+        size = len(dumps(m).encode("utf-8", "surrogatepass")) + 1
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(m)
+        used += size
+    first = payload["eventId"]
+    out = []
+    for i, group in enumerate(groups):
+        data: dict[str, Any] = {"turnId": payload["turnId"], "messages": group}
+        if i == len(groups) - 1 and payload.get("usage") is not None:
+            data["usage"] = payload["usage"]
+        eid = first if i == 0 else str(uuid.uuid5(uuid.UUID(first), f"AssistantMessageCompleted/{i}"))
+        event = {"eventId": eid, "type": "AssistantMessageCompleted", "data": data}
+        if payload.get("metadata"):
+            event["metadata"] = payload["metadata"]
+        out.append(event)
+    return out
+
+
 class PersistLane:
     def __init__(self, store: EventStore, blobs: LaneBlobs, to_events: Callable[[list[dict[str, Any]]], list],
-                 on_appended: Callable[[], None], *, promote_inflight_refs: bool = True) -> None:
+                 on_appended: Callable[[], None], *, promote_inflight_refs: bool = True,
+                 event_budget: int = 48 * 1024) -> None:
+        self.event_budget = event_budget  # messages' JSON per event, leaving room for metadata (trace context)
         self.store = store
         self.blobs = blobs
         self.to_events = to_events
@@ -129,7 +174,8 @@ class PersistLane:
 
     async def complete_turn(self, payload: dict[str, Any]) -> dict[str, Any]:
         cid, turn_id = payload["conversationId"], payload["turnId"]
-        messages: list[dict[str, Any]] = payload["messages"]
+        messages: list[dict[str, Any]] = await asyncio.gather(
+            *(self.blobs.resolve_parts(cid, m) for m in payload["messages"]))
         threshold = persist_threshold((payload.get("settings") or {}).get("truncateThreshold"))
         with span("persist.lane", **{"ctx.conversation_id": cid, "ctx.turn_id": turn_id}) as sp:
             plans = await asyncio.to_thread(plan_turn, messages, threshold) if _big(messages) \
@@ -150,24 +196,31 @@ class PersistLane:
                 ok = await asyncio.gather(*(self.blobs.ref(cid, mid, sha) for mid, sha in pairs))
                 promoted, failed_refs = sum(ok), len(ok) - sum(ok)
                 owners |= {mid for (mid, _), done in zip(pairs, ok) if done}
-            data: dict[str, Any] = {"turnId": turn_id, "messages": stored}
-            if payload.get("usage") is not None:
-                data["usage"] = payload["usage"]
-            event = {"eventId": payload["eventId"], "type": "AssistantMessageCompleted", "data": data}
-            if payload.get("metadata"):
-                event["metadata"] = payload["metadata"]
+            try:
+                small = await asyncio.gather(*(self.blobs.small_parts(cid, m) for m in stored))
+            except Exception as exc:
+                if owners:
+                    await self._release_unstored(cid, owners)
+                log.warning("content-ref-failed", conversation=cid, turn=turn_id,
+                            error=f"{type(exc).__name__}: {exc}"[:300])
+                raise DependencyUnavailable(f"persist lane: large message parts could not be stored: "
+                                            f"{type(exc).__name__}") from exc
+            owners |= {m["id"] for m, s_ in zip(stored, small) if s_ is not m}
+            events = completed_events(payload, small, self.event_budget)
             stream = conversation_stream(cid)
             try:
-                events = self.to_events([event])
-                result = await self.store.append(stream, payload.get("expectedVersion"), events)
-            except (Conflict, InvalidPayload):
+                result = await self.store.append(stream, payload.get("expectedVersion"), self.to_events(events))
+            except (Conflict, InvalidPayload) as exc:
+                log.warning("complete-turn-refused", conversation=cid, turn=turn_id, code=exc.code,
+                            error=exc.message[:300])
                 if owners:
                     await self._release_unstored(cid, owners)
                 raise
-            if result["duplicates"] < 1:
+            if result["duplicates"] < len(events):
                 self.on_appended()
             elif writes:
-                await self._release_unused(result["positions"][0], writes, uris)
+                await self._release_unused(result["positions"], writes, uris, cid)
+            sp.set_attribute("ctx.persist.events", len(events))
             sp.set_attribute("ctx.persist.parts", len(report))
             sp.set_attribute("ctx.persist.blobs", sum(1 for u in uris if u))
         out: dict[str, Any] = {"append": result, "threshold": threshold, "parts": report}
@@ -175,17 +228,21 @@ class PersistLane:
             out["references"] = {"promoted": promoted, "failed": failed_refs}
         return out
 
-    async def _release_unused(self, position: int, writes: Sequence[BlobWrite], uris: Sequence[str | None]) -> None:
-        """A retry found its event already stored: references this attempt added for blobs the stored messages
+    async def _release_unused(self, positions: Sequence[int], writes: Sequence[BlobWrite],
+                              uris: Sequence[str | None], conversation_id: str) -> None:
+        """A retry found its events already stored: references this attempt added for blobs the stored messages
         do not name (e.g. the first attempt kept a full output while the blob store was down) are released, so
         the references match what was committed."""
         try:
-            stored = await self.store.event_at(position)
+            named: set[tuple[str, str]] = set()
+            for position in positions:
+                stored = await self.store.event_at(position)
+                for m in (stored or {}).get("data", {}).get("messages", []):
+                    m = await self.blobs.resolve_parts(conversation_id, m)
+                    named |= {(m["id"], sha) for sha in _named_blobs(m)}
         except Exception as exc:  # noqa: BLE001 - keep the references (storage), never lose a named blob
             log.warning("release-skipped", error=f"{type(exc).__name__}: {exc}"[:200])
             return
-        named = {(m["id"], sha) for m in (stored or {}).get("data", {}).get("messages", [])
-                 for sha in _named_blobs(m)}
         for w, uri in zip(writes, uris):
             if uri is not None and (w.message_id, w.sha256) not in named:
                 await self.blobs.release(w.message_id, w.sha256)
@@ -209,7 +266,8 @@ def _named_blobs(message: dict[str, Any]) -> set[str]:
         out_ = p.get("output") if isinstance(p, dict) else None
         if isinstance(out_, dict) and out_.get("type") == "persisted" and isinstance(out_.get("value"), dict):
             env = out_["value"]
-            for ref in [env, *[r for r in env.get("blobRefs") or [] if isinstance(r, dict)]]:
+            refs = [env, env.get("original"), *(env.get("blobRefs") or [])]  # original: non-text output (§15.1)
+            for ref in [r for r in refs if isinstance(r, dict)]:
                 if isinstance(ref.get("fileEntryId"), str):
                     out.add(ref["fileEntryId"])
     return out

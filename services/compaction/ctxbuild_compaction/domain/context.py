@@ -66,7 +66,8 @@ def persisted_uris(rows: Iterable[Message]) -> list[str]:
             if part.get("type") != "tool-result":
                 continue
             offload = part.get("offload") or {}
-            candidates = [offload.get("uri")] if offload.get("mode") == "offloaded" else []
+            candidates = [offload.get("uri"), (offload.get("original") or {}).get("uri")] \
+                if offload.get("mode") == "offloaded" else []  # original: a non-text output (SPEC §15.1)
             output = part.get("output") or {}
             if output.get("type") == "persisted" and isinstance(output.get("value"), Mapping):
                 env = output["value"]

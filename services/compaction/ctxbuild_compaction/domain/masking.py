@@ -20,6 +20,7 @@ from typing import Any
 
 from ctxbuild_codec import PERSIST_MIN_CHARS, assemble, extract_text, render_marker, sha256_hex, total_lines
 from ctxbuild_codec.envelopes import EnvelopeError, parse, render_part
+from ctxbuild_codec.nontext import render_with_markers
 
 Message = dict[str, Any]
 MASK_MIN_CHARS = PERSIST_MIN_CHARS
@@ -52,6 +53,9 @@ def _masked_offloaded(part: Mapping[str, Any]) -> dict[str, Any] | None:
     if off.get("uri"):
         kind = output.get("type") if output.get("type") in ("text", "error-text") else "text"
         value = render_marker("", "", int(off.get("totalLines", 1)), int(off.get("totalChars", 0)), off["uri"])
+        original = off.get("original")
+        if isinstance(original, Mapping) and original.get("of") == "output":  # non-text parts keep their markers
+            value = render_with_markers(value, original.get("parts") or [], original.get("uri"))
         return {**part, "output": {"type": kind, "value": value}}
     blobs = off.get("blobs") or []
     if blobs and output.get("type") == "json":

@@ -18,6 +18,10 @@ async def full_output(backends: Any, conversation_id: str, part: dict[str, Any])
                                                            "envelope": output["value"]}, timeout=60)
         return {"output": r["output"], "source": "persisted", "gone": r.get("gone", [])}
     off = part.get("offload") or {}
+    if off.get("mode") == "offloaded" and isinstance(off.get("original"), dict):
+        # a non-text or json output kept whole (SPEC §15.1): read back byte-identical by the blob store
+        r = await backends.blobs.get_result(conversation_id, offload=off)
+        return {"output": r["output"], "source": "offloaded"}
     if off.get("mode") == "offloaded" and off.get("sha256") and not off.get("blobs"):
         text = await backends.blobs.get_text(conversation_id, sha256=off["sha256"])
         kind = "error-text" if output.get("type") in ("error-text", "error-json") else "text"
