@@ -59,3 +59,24 @@ class RemoteError(ServiceError):
         super().__init__(f"{subject}: [{code}] {message}", code=code, retryable=retryable, details=details)
         self.subject = subject
         self.remote_message = message
+
+
+class ClaimMissing(ServiceError):
+    """A claim-checked payload is gone from the claim store (expired, or already consumed). Retryable: sending
+    the request again stores a fresh claim."""
+
+    code = "claim-missing"
+    retryable = True
+
+
+class ClaimCorrupt(ServiceError):
+    """A claim-checked payload read back with another size or sha256 than its claim names."""
+
+    code = "claim-corrupt"
+    retryable = True
+
+
+class PayloadTooLarge(ServiceError):
+    """A message that exceeds the transport's limit even in its claim form (e.g. oversized headers)."""
+
+    code = "payload-too-large"

@@ -7,11 +7,14 @@ replicas share the load.
 
 Client side: :class:`RpcClient` sends, decodes, and raises :class:`RemoteError` for an error reply, a timeout or
 no responders (both retryable).
+
+Both sides claim-check payloads over the inline limit (:mod:`ctxbuild_platform.claims`): a large request travels
+as a ``Ctx-Claim`` header and is resolved before validation, a large reply as ``{"claim": …}`` resolved by the
+client. Handlers and callers see the same dicts whatever the size.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -19,21 +22,15 @@ import structlog
 from faststream._internal.context import Context  # the class behind faststream.Context(): subclassed below
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from . import contracts
-from .errors import InvalidPayload, RemoteError, ServiceError
+from . import claims, contracts
+from .claims import decode
+from .errors import PayloadTooLarge, RemoteError, ServiceError
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 log = structlog.get_logger("rpc")
-
-
-def decode(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPayload(f"payload is not JSON: {exc}") from exc
 
 
 async def dispatch(subject: str, raw: bytes, fn: Handler) -> dict[str, Any]:
@@ -65,15 +62,27 @@ class _LoopContext(Context):
         return super().use(**kwargs)
 
 
+async def raw_body(message: NatsMessage) -> bytes:
+    """Subscriber decoder: the body stays bytes. ``dispatch`` parses it once, after resolving a claim (FastStream's
+    default decoder would parse every JSON body a second time, and refuse a claimed message's empty body)."""
+    return message.body
+
+
 def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
-        async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> dict[str, Any]:
-            return await dispatch(subject, message.body, fn)
+        async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
+            store = claims.store_for(broker)
+            try:
+                raw = await store.incoming(message.body, message.headers)
+            except ServiceError as exc:
+                log.info("claim-not-resolved", subject=subject, code=exc.code, error=exc.message)
+                return claims.encode_json({"error": exc.to_payload()})
+            return await store.reply(await dispatch(subject, raw, fn))
 
         handler.__name__ = fn.__name__
         handler.__doc__ = fn.__doc__
-        broker.subscriber(subject, queue=queue, max_workers=max_workers,
+        broker.subscriber(subject, queue=queue, max_workers=max_workers, decoder=raw_body,
                           title=subject, description=description or fn.__doc__)(handler)
         return fn
 
@@ -88,17 +97,41 @@ class RpcClient:
         self.default_timeout = default_timeout
 
     async def call(self, subject: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         try:
-            msg = await self.broker.request(body, subject, timeout=timeout or self.default_timeout,
-                                            headers={"content-type": "application/json"})
-        except NoRespondersError as exc:
-            raise RemoteError(subject, "unavailable", "no responders", True) from exc
-        except (NatsTimeout, TimeoutError) as exc:
-            raise RemoteError(subject, "timeout", "request timed out", True) from exc
-        reply = decode(msg.body)
+            store = claims.store_for(self.broker)
+            body = claims.encode_json(payload)
+            try:
+                msg = await self._send(store, subject, body, timeout, claim=len(body) > store.inline_limit())
+            except MaxPayloadError:  # inline but over the limit once headers count: send it by claim instead
+                msg = await self._send(store, subject, body, timeout, claim=True)
+            reply = await store.open_reply(msg.body)
+        except RemoteError:
+            raise
+        except ServiceError as exc:  # the claim store (unavailable, claim-missing...) or an undecodable reply
+            raise RemoteError(subject, exc.code, exc.message, exc.retryable, exc.details) from exc
         if "error" in reply:
             e = reply["error"]
             raise RemoteError(subject, e.get("code", "internal"), e.get("message", ""), bool(e.get("retryable")),
                               e.get("details"))
         return reply["result"]
+
+    async def _send(self, store: claims.ClaimStore, subject: str, body: bytes, timeout: float | None, *,
+                    claim: bool) -> NatsMessage:
+        headers = {"content-type": "application/json"}
+        sent: claims.Claim | None = None
+        if claim:
+            sent = await store.put(body)
+            body, headers = b"", claims.claim_headers(sent)
+        try:
+            return await self.broker.request(body, subject, timeout=timeout or self.default_timeout,
+                                             headers=headers)
+        except NoRespondersError as exc:
+            if sent is not None:  # nobody will read it
+                await store.delete(sent)
+            raise RemoteError(subject, "unavailable", "no responders", True) from exc
+        except (NatsTimeout, TimeoutError) as exc:
+            raise RemoteError(subject, "timeout", "request timed out", True) from exc
+        except MaxPayloadError as exc:
+            if not claim:
+                raise
+            raise PayloadTooLarge(f"even the claim form of the request exceeds max_payload: {exc}") from exc

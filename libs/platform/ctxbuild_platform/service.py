@@ -19,6 +19,7 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 from faststream.nats import NatsBroker
 
+from . import claims
 from .logging import configure_logging
 from .settings import ServiceSettings
 from .telemetry import TracingMiddleware, configure_tracing
@@ -27,7 +28,9 @@ ReadinessCheck = Callable[[], Awaitable[bool]]
 
 
 def broker_options(settings: ServiceSettings) -> dict[str, Any]:
-    """Connection options shared by a plain NatsBroker and FastStream's FastAPI NatsRouter."""
+    """Connection options shared by a plain NatsBroker and FastStream's FastAPI NatsRouter. Also installs the
+    process's claim-check settings (every broker of the process uses them)."""
+    claims.configure(claims.ClaimConfig.from_settings(settings))
     provider = configure_tracing(settings.service_name,
                                  str(settings.otel_exporter_otlp_endpoint or "") or None)
     return dict(

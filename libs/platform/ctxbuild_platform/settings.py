@@ -20,3 +20,11 @@ class ServiceSettings(BaseSettings):
     max_workers: int = Field(16, description="concurrent handlers per subscriber")
     startup_timeout_s: float = Field(60.0, description="how long start-up waits for its dependencies")
     request_timeout_s: float = Field(10.0, description="default timeout for requests to other services")
+    claims_bucket: str = Field("CTX_CLAIMS", description="JetStream Object Store bucket for claim-checked payloads")
+    claims_max_age_s: float = Field(3600.0, gt=0, description="TTL of a claim (readers delete point-to-point "
+                                                             "claims at once; the TTL is the backstop)")
+    claims_replicas: int = Field(1, ge=1, le=5, description="replicas of the claim bucket when this process "
+                                                           "creates it (3 on a three-node JetStream cluster)")
+    message_inline_max_bytes: int | None = Field(
+        None, ge=0, description="largest message body sent inline; unset = the server's max_payload minus headroom")
+    claims_timeout_s: float = Field(30.0, gt=0, description="one claim store operation")
