@@ -86,9 +86,9 @@ def test_each_block_kind_in_flight_original_stored_marker_shown_offload_names_it
     output = mcp(BLOCKS[kind])
     store = Store()
     out = trim_inflight(result(output), T, store)
-    original = compact_json(output)
+    original = nontext.original_text(output)
     osha = sha256_hex(original)
-    assert store.blobs[osha] == original                       # the whole output, its exact JSON
+    assert store.blobs[osha] == original                       # the whole output, as JSON
     text = joined(output)
     assert store.blobs[sha256_hex(text)] == text               # the text, as before (fs_read pages it)
     value = out["output"]["value"]
@@ -101,7 +101,7 @@ def test_each_block_kind_in_flight_original_stored_marker_shown_offload_names_it
     contracts.validate("model/offload.json", off)
     contracts.validate("model/part.json", out)
     back = nontext.read_back("output", "content", store.blobs[osha])
-    assert compact_json(back) == original and back == output  # byte-identical: image data and all
+    assert compact_json(back) == compact_json(output) and back == output  # byte-identical: image data and all
 
 
 @pytest.mark.parametrize("kind", list(BLOCKS))
@@ -110,7 +110,7 @@ def test_each_block_kind_at_persist_envelope_names_original_and_renders_the_infl
     store = Store()
     stored = trim_persist(result(output), T, store)
     env = stored["output"]["value"]
-    original = compact_json(output)
+    original = nontext.original_text(output)
     osha = sha256_hex(original)
     assert env["original"] == {"fileEntryId": osha, "vfsFilename": f"vfs_{osha[:16]}.txt",
                                "totalChars": len(original), "parts": nontext.describe(output)}
@@ -120,7 +120,7 @@ def test_each_block_kind_at_persist_envelope_names_original_and_renders_the_infl
     inflight = trim_inflight(result(output), T, Store())
     assert json.dumps(render(env), ensure_ascii=False) == json.dumps(inflight["output"], ensure_ascii=False)
     assert render_part(stored)["offload"]["original"] == inflight["offload"]["original"]
-    assert compact_json(inflate(env, store.blobs)) == original
+    assert compact_json(inflate(env, store.blobs)) == compact_json(output)
     assert envelopes.blob_ids(env) == [sha256_hex(joined(output)), osha]
 
 
@@ -150,7 +150,7 @@ def test_a_large_image_with_a_short_text_is_offloaded_in_flight_with_the_text_wh
     output = mcp({"type": "image", "data": big, "mimeType": "image/jpeg"}, text="here is the page")
     store = Store()
     out = trim_inflight(result(output), T, store)
-    osha = sha256_hex(compact_json(output))
+    osha = sha256_hex(nontext.original_text(output))
     assert out["output"]["value"] == nontext.render_with_markers("here is the page\ndone", nontext.describe(output),
                                                                  vfs_uri(osha))
     assert "image not shown (content block 2 of 3, image/jpeg, 30000 bytes)" in out["output"]["value"]
@@ -164,7 +164,7 @@ def test_a_large_image_with_a_short_text_is_offloaded_in_flight_with_the_text_wh
 
 def test_original_not_written_keeps_everything():
     output = mcp(BLOCKS["image"], structured={"a": 1})
-    osha = sha256_hex(compact_json(output))
+    osha = sha256_hex(nontext.original_text(output))
     part = result(output)
     # in flight: the part stays whole (nothing dropped), no record
     plan = plan_inflight(part, T)
@@ -195,7 +195,7 @@ def test_gone_original_renders_without_uri_and_inflates_to_the_text():
     texts = {k: v for k, v in store.blobs.items() if k != osha}
     assert inflate(env, texts) == {"type": "content", "value": [{"type": "text", "text": joined(output)}]}
     # other bytes under the original's id never pass for it
-    assert inflate(env, {**texts, osha: compact_json({"type": "content", "value": []})})["value"][0]["text"] \
+    assert inflate(env, {**texts, osha: nontext.original_text({"type": "content", "value": []})})["value"][0]["text"] \
         == joined(output)
 
 

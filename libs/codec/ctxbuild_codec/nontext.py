@@ -3,9 +3,9 @@
 A ``content`` output (MCP blocks) can hold more than its text blocks: images, audio, embedded resources, resource
 links, text blocks with annotations, and ``metadata`` (``structuredContent``). The text lanes only cut the joined
 text, so when such an output is trimmed or offloaded, both lanes also store the **original output** as one blob:
-its compact JSON (``compact_json(output)``, the exact bytes read back by ``ctx.blob.get_result``), and the model
-sees, after the text (or its marker), one marker per non-text part naming its kind, media type, size and the
-original's URI. A ``json`` / ``error-json`` output needs no second blob: its offloaded text is already the compact
+its JSON (``original_text``: indented, so fs_read pages it; ``ctx.blob.get_result`` parses it back to the exact
+output), and the model sees, after the text (or its marker), one marker per non-text part naming its kind, media
+type, size and the original's URI. A ``json`` / ``error-json`` output needs no second blob: its offloaded text is already the compact
 JSON of its value, so the original names that same blob with ``of: value``.
 
 The record of the original (``offload.original`` in flight, ``original`` in a v1 envelope) holds the descriptors
@@ -44,8 +44,10 @@ def has_nontext(output: Mapping[str, Any]) -> bool:
 
 
 def original_text(output: Mapping[str, Any]) -> str:
-    """The blob of an original output: its compact JSON, key order kept, non-ASCII as is."""
-    return compact_json(output)
+    """The blob of an original output: its JSON, key order kept, non-ASCII as is, one value per line (indent 1)
+    so fs_read can page it by lines (compact JSON is a single line, over any page cap). Parsing it gives the
+    output back exactly: ``compact_json(read_back(...)) == compact_json(output)``."""
+    return json.dumps(output, ensure_ascii=False, indent=1)
 
 
 def base64_bytes(data: Any) -> int | None:
