@@ -28,7 +28,7 @@ class FakeHistory:
         self.fail_store = fail_store
         self.turns: dict[str, list[dict]] = {}
 
-    async def history(self, conversation_id, anchor_id=None):
+    async def history(self, conversation_id, anchor_id=None, *, max_messages=None):
         self.calls.append((conversation_id, anchor_id))
         h = copy.deepcopy(self.hist)
         for m in h["messages"]:
@@ -117,7 +117,7 @@ async def test_a_boundary_stored_first_by_another_turn_wins():
     # the projection has not caught up on the first read: this turn folds and tries to store
     first_read = port.history
 
-    async def stale(cid, anchor=None):
+    async def stale(cid, anchor=None, *, max_messages=None):
         port.history = first_read
         h = copy.deepcopy(port.hist)
         return h

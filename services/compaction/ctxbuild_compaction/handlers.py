@@ -43,7 +43,8 @@ log = structlog.get_logger("compaction")
 
 
 class HistoryPort(Protocol):
-    async def history(self, conversation_id: str, anchor_id: str | None = None) -> dict[str, Any]: ...
+    async def history(self, conversation_id: str, anchor_id: str | None = None, *,
+                      max_messages: int | None = None) -> dict[str, Any]: ...
 
     async def store_summary(self, conversation_id: str, data: dict[str, Any]) -> bool: ...
 
@@ -120,8 +121,10 @@ async def turn_start(payload: dict[str, Any], history: HistoryPort,
     started, t0 = _now(), time.monotonic()
     pick = _as_summarizers(summarizers)
     with telemetry.span("compaction.turn_start", **{"ctx.conversation_id": conversation_id}) as span:
-        hist = await history.history(conversation_id, payload.get("anchorId"))
         settings = payload.get("settings") or {}
+        # only the window is read: from the deepest boundary (or the maxMessages rows), not the whole history
+        hist = await history.history(conversation_id, payload.get("anchorId"),
+                                     max_messages=settings.get("maxMessages"))
         plan = plan_turn_start(hist, TurnStartSettings.from_payload(settings))
         extra: dict[str, Any] = {}
         if plan.fold is not None:
@@ -159,7 +162,8 @@ async def _store_once(plan, outcome, hist, history: HistoryPort, payload: dict[s
         return plan, False
     if stored:
         return plan, True
-    again = await history.history(cid, payload.get("anchorId"))
+    again = await history.history(cid, payload.get("anchorId"),
+                                  max_messages=(payload.get("settings") or {}).get("maxMessages"))
     replan = plan_turn_start(again, TurnStartSettings.from_payload(payload.get("settings")))
     if replan.fold is None and replan.messages and replan.messages[0].get("id") == plan.messages[0].get("id"):
         return replace(plan, messages=replan.messages,

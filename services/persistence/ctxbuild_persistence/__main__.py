@@ -49,12 +49,12 @@ def build(settings: Settings) -> AsgiFastStream:
         projector.wake()
 
     store = EventStore(db)
-    blobs = LaneBlobs(BlobClient(RpcClient(broker, default_timeout=settings.request_timeout_s),
-                                 timeout_s=settings.lane_blob_timeout_s),
-                      concurrency=settings.lane_blob_concurrency)
+    blob_client = BlobClient(RpcClient(broker, default_timeout=settings.request_timeout_s),
+                             timeout_s=settings.lane_blob_timeout_s)
+    blobs = LaneBlobs(blob_client, concurrency=settings.lane_blob_concurrency)
     lane = PersistLane(store, blobs, lambda evs: to_new_events(evs, settings.max_event_bytes), on_appended,
                        promote_inflight_refs=settings.lane_promote_inflight_refs)
-    register(broker, settings, store, on_appended, projector, lane)
+    register(broker, settings, store, on_appended, projector, lane, blob_client)
     log = structlog.get_logger("persistence")
 
     async def open_database() -> None:

@@ -15,12 +15,15 @@ the conversation's last event) and folds the events instead when the projection 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
+from ctxbuild_blobclient import content_ref
 from ctxbuild_platform import contracts
-from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_platform.errors import DependencyUnavailable, InvalidPayload, NotFound, ServiceError
 from ctxbuild_platform.rpc import rpc
 from faststream.nats import NatsBroker
 from opentelemetry.propagate import inject
@@ -28,7 +31,16 @@ from opentelemetry.propagate import inject
 from .adapters.event_store import EventStore, dumps
 from .adapters.projection import Projector, read_history, stream_head
 from .domain.append import NewEvent
-from .domain.conversation import branches, conversation_stream, fold, history
+from .domain.conversation import (
+    PathWindow,
+    branches,
+    conversation_stream,
+    fold,
+    history_reply,
+    page_info,
+    path_to,
+    window_of,
+)
 from .persist_lane import PersistLane
 from .settings import Settings
 
@@ -64,8 +76,36 @@ def to_new_events(raw_events: list[dict[str, Any]], max_event_bytes: int) -> lis
     return out
 
 
+async def resolve_messages(blobs: content_ref.BlobPort | None, conversation_id: str, concurrency: int,
+                           messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with their parts read back where an event stored them by content reference (SPEC §15.1)."""
+    todo = [i for i, m in enumerate(messages) if content_ref.is_ref(m.get("parts"))]
+    if not todo:
+        return messages
+    if blobs is None:
+        raise DependencyUnavailable("history: message parts are stored by reference and no blob store is set")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> dict[str, Any]:
+        async with slots:
+            try:
+                return await content_ref.resolve_message(blobs, messages[i], conversation_id)
+            except Exception as exc:
+                ref = messages[i]["parts"]["contentRef"]
+                log.warning("content-ref-unreadable", conversation=conversation_id, message=messages[i].get("id"),
+                            uri=ref.get("uri"), error=f"{type(exc).__name__}: {exc}"[:300])
+                raise DependencyUnavailable(f"message {messages[i].get('id')}: parts at {ref.get('uri')} could not "
+                                            f"be read: {type(exc).__name__}") from exc
+
+    out = list(messages)
+    for i, msg in zip(todo, await asyncio.gather(*(one(i) for i in todo))):
+        out[i] = msg
+    return out
+
+
 def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appended: Callable[[], None],
-             projector: Projector | None = None, lane: PersistLane | None = None) -> None:
+             projector: Projector | None = None, lane: PersistLane | None = None,
+             blobs: content_ref.BlobPort | None = None) -> None:
     workers = settings.max_workers
 
     def limit_of(payload: dict[str, Any]) -> int:
@@ -97,25 +137,45 @@ def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appen
 
     @rpc(broker, "ctx.persist.history", queue=QUEUE, max_workers=workers)
     async def conversation_history(payload: dict[str, Any]) -> dict[str, Any]:
-        """A conversation's messages on the path root → anchor (default: the last message), its attachments,
-        and what compaction needs (usage of the last step, summaries, archived output URIs)."""
+        """One page of a conversation's path root → anchor (default: the last message), walked back from the
+        anchor within a byte budget (``window: "turn-start"``: only back to the deepest compaction boundary or
+        clear-context marker; ``maxMessages``: back to that many rows), its attachments, and what compaction needs
+        (usage of the last step, summaries, archived output URIs) — of the messages in the page."""
         cid, anchor = payload["conversationId"], payload.get("anchorId")
         with_branches = bool(payload.get("includeBranches"))
+        window = PathWindow(bytes_of(payload), stop_at_summary=payload.get("window") == "turn-start",
+                            max_messages=int(payload.get("maxMessages") or 0))
+        resolve = partial(resolve_messages, blobs, cid, settings.ref_resolve_concurrency)
         stream = conversation_stream(cid)
-        if projector is not None and settings.history_from_projection:
-            target = await stream_head(store.db, stream)
-            near = target - projector.position <= settings.history_max_wait_lag
-            if target and near and await projector.wait_for(target, settings.history_projection_wait_s):
-                reply = await read_history(store.db, cid, anchor, target, with_branches)
-                if reply is not None:
-                    return reply
-            if target:
-                log.warning("history-folded", conversation=cid, projection=projector.position, needed=target)
-        events = await store.stream_events(stream)
-        reply = history(cid, events, anchor)
-        if with_branches:
-            reply["branches"] = branches(fold(cid, events), [m["id"] for m in reply["messages"]])
-        return reply
+        try:
+            if projector is not None and settings.history_from_projection:
+                target = await stream_head(store.db, stream)
+                near = target - projector.position <= settings.history_max_wait_lag
+                if target and near and await projector.wait_for(target, settings.history_projection_wait_s):
+                    reply = await read_history(store.db, cid, anchor, target, with_branches, window, resolve)
+                    if reply is not None:
+                        return reply
+                if target:
+                    log.warning("history-folded", conversation=cid, projection=projector.position, needed=target)
+            events = await store.stream_events(stream)
+            conv = fold(cid, events)
+            if conv.event_count == 0:
+                raise NotFound(f"conversation {cid!r} has no events", details={"conversationId": cid})
+            messages, start, cleared = window_of(path_to(conv, anchor), window)
+            messages = await resolve(messages)
+            reply = history_reply(cid, conv.version, conv.title, messages,
+                                  [dict(a) for a in conv.attachments.values()], source="fold",
+                                  page=page_info(messages, start, cleared))
+            if with_branches:
+                reply["branches"] = branches(conv, [m["id"] for m in reply["messages"]])
+            return reply
+        except ServiceError as exc:
+            if exc.code != "not-found":
+                log.warning("history-failed", conversation=cid, anchor=anchor, code=exc.code, error=exc.message[:300])
+            raise
+        except Exception as exc:
+            log.error("history-failed", conversation=cid, anchor=anchor, error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
 
     if lane is not None:
         @rpc(broker, "ctx.persist.complete_turn", queue=QUEUE, max_workers=workers)

@@ -85,12 +85,20 @@ class LaneBlobs:
         """A message whose parts came by content reference, with the parts read back."""
         return await content_ref.resolve_message(self.client, message, conversation_id)
 
-    async def small_parts(self, conversation_id: str, message: dict[str, Any]) -> dict[str, Any]:
+    async def small_parts(self, conversation_id: str, message: dict[str, Any], fits: int) -> dict[str, Any]:
         """The message with its parts by content reference when they are large (SPEC §15.1: events stay small);
-        the blob is owned by the message (``tool_output``), like its trimmed outputs, so GC keeps it."""
+        the blob is owned by the message (``tool_output``), like its trimmed outputs, so GC keeps it. The blob
+        store failing keeps a message that still fits ``fits`` bytes inline (better fat than lost)."""
         async with self._slots:
-            return await content_ref.store_message_parts(self.client, message, conversation_id,
-                                                         ("message", message["id"]), "tool_output")
+            try:
+                return await content_ref.store_message_parts(self.client, message, conversation_id,
+                                                             ("message", message["id"]), "tool_output")
+            except Exception as exc:
+                if len(dumps(message).encode("utf-8", "surrogatepass")) <= fits:
+                    log.warning("content-ref-skipped", message=message.get("id"),
+                                error=f"{type(exc).__name__}: {exc}"[:200])
+                    return message
+                raise
 
     async def release(self, message_id: str, sha256: str | None = None) -> bool:
         try:
@@ -197,7 +205,7 @@ class PersistLane:
                 promoted, failed_refs = sum(ok), len(ok) - sum(ok)
                 owners |= {mid for (mid, _), done in zip(pairs, ok) if done}
             try:
-                small = await asyncio.gather(*(self.blobs.small_parts(cid, m) for m in stored))
+                small = await asyncio.gather(*(self.blobs.small_parts(cid, m, self.event_budget) for m in stored))
             except Exception as exc:
                 if owners:
                     await self._release_unstored(cid, owners)

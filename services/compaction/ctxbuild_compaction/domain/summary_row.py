@@ -59,6 +59,20 @@ def split_stored(text: str) -> tuple[str, str | None]:
     return "\n\n".join(pieces[:cut]), "".join("\n\n" + p for p in pieces[cut:])
 
 
+def trailer_refs(stored: str) -> tuple[list[str], list[str]]:
+    """(handles, uris) named by a stored summary's trailer — what the rows up to its boundary retained, so a
+    turn start that reads only the rows after the boundary still knows them."""
+    _, tail = split_stored(stored)
+    handles: list[str] = []
+    uris: list[str] = []
+    for line in (tail or "").split("\n\n"):
+        if line.startswith(FILES_LINE):
+            handles += [h for h in line[len(FILES_LINE):-1].split(", ") if h]
+        elif line.startswith(ARCHIVE_LINE):
+            uris += [u for u in line[len(ARCHIVE_LINE):-1].split(", ") if u]
+    return handles, uris
+
+
 def stored_summary_row(boundary_id: str, stored: str, handles: Sequence[str] = (),
                        uris: Sequence[str] = ()) -> dict[str, Any]:
     """The row of a stored summary: its own trailer when it has one, else lines from ``handles``/``uris``."""

@@ -8,7 +8,6 @@ without touching this module.
 from __future__ import annotations
 
 from collections import Counter
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,7 +26,7 @@ from .context import (
 )
 from .estimate import estimate_tokens
 from .fold import FoldOutcome, FoldRequest
-from .summary_row import split_stored, stored_summary_row, stored_text, summary_row
+from .summary_row import split_stored, stored_summary_row, stored_text, summary_row, trailer_refs
 
 Message = dict[str, Any]
 PHASE = "turn-start"
@@ -150,15 +149,21 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
     raw = list(history.get("messages") or [])
     attachments = list(history.get("attachments") or [])
 
+    # the history may be a window (persistence's turn-start read): it begins at the deepest boundary, a
+    # clear-context marker or the maxMessages limit instead of the root; what the older rows retained comes from
+    # the boundary's stored summary (its trailer), and a marker older than the boundary still restricts
+    start_of_window = history.get("start") or "root"
+
     # 1. clear context
     rows, cut = after_clear(raw)
+    cut = cut or bool(history.get("clearedBefore"))
 
     # 3./4. effective history: the maxMessages window (summaries ignored) or [summary row, rows after it]
     previous: str | None = None
     has_summary_row = False
     if settings.max_messages:
         scope = max_messages_window(rows, settings.max_messages)
-        restrict = cut or len(scope) < len(rows)
+        restrict = cut or len(scope) < len(rows) or start_of_window == "limit"
         effective = list(scope)
     else:
         scope, restrict = rows, cut
@@ -175,6 +180,10 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
 
     # 2. retained context from the raw rows in scope, never from what is served (finding #2)
     retained = retained_context(scope, attachments, restrict)
+    before_handles, before_uris = [], []
+    if has_summary_row and start_of_window == "summary" and d == 0:
+        before_handles, before_uris = trailer_refs(rows[0]["compactionSummary"])
+        retained = with_earlier(retained, attachments, before_handles, before_uris, restrict)
 
     # 5./6. decide
     estimated = estimate_tokens(effective)
@@ -207,9 +216,26 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
                  "foldedCount": len(folded)},
                 fold=fold, kept=list(effective[start:]),
                 summary_handles=list(dict.fromkeys([*(a["handle"] for a in retained.file_attachments),
-                                                    *attachment_handles(upto)])),
-                summary_uris=persisted_uris(upto),
+                                                    *before_handles, *attachment_handles(upto)])),
+                summary_uris=list(dict.fromkeys([*before_uris, *persisted_uris(upto)])),
                 head=list(effective[:first_real]))
+
+
+def with_earlier(retained: Retained, attachments: Sequence[Mapping[str, Any]], handles: Sequence[str],
+                 uris: Sequence[str], restrict: bool) -> Retained:
+    """The retained context of a window that begins at a stored summary, plus what the rows before the boundary
+    retained (named by the summary's trailer): their archived URIs first, in order, and — when a clear-context
+    marker restricts the attachments to the referenced ones — the attachments the trailer names."""
+    files = list(retained.file_attachments)
+    if restrict:
+        have = {a["handle"] for a in files}
+        named = set(handles)
+        for a in attachments:
+            if a.get("handle") in named and a["handle"] not in have:
+                have.add(a["handle"])
+                files.append({"sha256": a["sha256"], "handle": a["handle"],
+                              "displayName": a.get("displayName", a["handle"])})
+    return Retained(files, list(dict.fromkeys([*uris, *retained.persisted_uris])))
 
 
 def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None = None) -> Plan:

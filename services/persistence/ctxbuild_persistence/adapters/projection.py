@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
 import structlog
 from ctxbuild_platform.errors import NotFound
 
+from ..domain.conversation import PathWindow
 from ..domain.projection import PROJECTION, Changes, ConvHead, Known, LogEvent, keys_of, project
 from .db import Database
 from .event_store import db_errors, dumps
@@ -261,14 +262,31 @@ async def stream_head(db: Database, stream_id: str) -> int:
             "ORDER BY version DESC LIMIT 1), 0)", stream_id)
 
 
+# One page of the path, walked from the anchor towards the root over the primary key (one index lookup per
+# message): whole messages while the running size fits $3 (the anchor always), ending early at the window's own
+# end — $4 (turn start): the deepest compaction boundary or a clear-context marker; $5 > 0 (maxMessages): a
+# clear-context marker, or a user row once $5 rows are taken. Cost: O(messages in the page), whatever the
+# history's length.
 _PATH = """
-WITH RECURSIVE path(message_id, parent_id, depth) AS (
-    SELECT message_id, parent_id, 0 FROM persistence.messages WHERE conversation_id = $1 AND message_id = $2
+WITH RECURSIVE path(message_id, parent_id, depth, acc, stop) AS (
+    SELECT m.message_id, m.parent_id, 0, m.size_bytes::bigint,
+           (($4 OR $5 > 0) AND m.clear_context)
+           OR ($4 AND EXISTS (SELECT 1 FROM persistence.compaction_summaries b
+                              WHERE b.conversation_id = $1 AND b.boundary_id = m.message_id))
+           OR ($5 > 0 AND 1 >= $5 AND m.role = 'user')
+    FROM persistence.messages m WHERE m.conversation_id = $1 AND m.message_id = $2
   UNION ALL
-    SELECT m.message_id, m.parent_id, p.depth + 1
+    SELECT m.message_id, m.parent_id, p.depth + 1, p.acc + m.size_bytes,
+           (($4 OR $5 > 0) AND m.clear_context)
+           OR ($4 AND EXISTS (SELECT 1 FROM persistence.compaction_summaries b
+                              WHERE b.conversation_id = $1 AND b.boundary_id = m.message_id))
+           OR ($5 > 0 AND p.depth + 2 >= $5 AND m.role = 'user')
     FROM path p JOIN persistence.messages m ON m.conversation_id = $1 AND m.message_id = p.parent_id
+    WHERE NOT p.stop AND p.acc + m.size_bytes <= $3
 ) CYCLE message_id SET is_cycle USING walked
-SELECT m.message_id, m.body::text AS body, s.summary
+SELECT m.message_id, m.parent_id, m.clear_context, p.stop, m.body::text AS body, s.summary,
+       (p.parent_id IS NOT NULL AND EXISTS (SELECT 1 FROM persistence.messages x
+                                            WHERE x.conversation_id = $1 AND x.message_id = p.parent_id)) AS has_parent
 FROM path p
 JOIN persistence.messages m ON m.conversation_id = $1 AND m.message_id = p.message_id
 LEFT JOIN persistence.compaction_summaries s ON s.conversation_id = $1 AND s.boundary_id = p.message_id
@@ -276,12 +294,41 @@ WHERE NOT p.is_cycle
 ORDER BY p.depth DESC
 """
 
+# is there a clear-context marker among the ancestors of $2? Only asked when the conversation has a marker older
+# than $2 at all (a partial index answers that), then walked until the nearest marker.
+_CLEARED_BEFORE = """
+SELECT EXISTS (SELECT 1 FROM persistence.messages c JOIN persistence.messages b
+                 ON b.conversation_id = c.conversation_id AND b.message_id = $2
+               WHERE c.conversation_id = $1 AND c.clear_context AND c.seq < b.seq)
+"""
+_CLEAR_ANCESTOR = """
+WITH RECURSIVE up(message_id, parent_id, clear) AS (
+    SELECT message_id, parent_id, clear_context FROM persistence.messages
+    WHERE conversation_id = $1 AND message_id = $2
+  UNION ALL
+    SELECT m.message_id, m.parent_id, m.clear_context
+    FROM up u JOIN persistence.messages m ON m.conversation_id = $1 AND m.message_id = u.parent_id
+    WHERE NOT u.clear
+) CYCLE message_id SET is_cycle USING walked
+SELECT coalesce(bool_or(clear), false) FROM up WHERE NOT is_cycle
+"""
+
+Resolve = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
+
+
+async def _no_refs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return messages
+
 
 async def read_history(db: Database, conversation_id: str, anchor_id: str | None, at_least: int,
-                       include_branches: bool = False) -> dict[str, Any] | None:
-    """The history reply from the projection, or None when the projection is not yet at ``at_least``."""
-    from ..domain.conversation import history_reply
+                       include_branches: bool = False, window: PathWindow | None = None,
+                       resolve: Resolve = _no_refs) -> dict[str, Any] | None:
+    """The history reply from the projection, or None when the projection is not yet at ``at_least``. One
+    page of the path (``window``; default: the whole path in one page); ``resolve`` reads back message parts
+    stored by content reference."""
+    from ..domain.conversation import history_reply, page_info
 
+    window = window or PathWindow(max_bytes=1 << 62)
     async with db_errors(), db.pool.acquire() as conn, \
             conn.transaction(isolation="repeatable_read", readonly=True):
         pos = await conn.fetchval("SELECT position FROM persistence.projection_tracking WHERE name = $1",
@@ -296,8 +343,10 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
                            details={"conversationId": conversation_id})
         anchor = anchor_id if anchor_id is not None else head["last_message_id"]
         messages: list[dict[str, Any]] = []
+        start, cleared = "root", False
         if anchor is not None:
-            rows = await conn.fetch(_PATH, conversation_id, anchor)
+            rows = await conn.fetch(_PATH, conversation_id, anchor, window.max_bytes, window.stop_at_summary,
+                                    window.max_messages)
             if not rows:
                 raise NotFound(f"message {anchor_id!r} is not in conversation {conversation_id!r}",
                                details={"conversationId": conversation_id, "anchorId": anchor_id})
@@ -306,6 +355,15 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
                 if r["summary"] is not None:
                     msg["compactionSummary"] = r["summary"]
                 messages.append(msg)
+            first = rows[0]
+            if first["stop"]:
+                start = "clear" if first["clear_context"] else "summary" if (
+                    window.stop_at_summary and first["summary"] is not None) else "limit"
+            elif first["has_parent"]:
+                start = "page"
+            if start == "summary" and await conn.fetchval(_CLEARED_BEFORE, conversation_id, first["message_id"]):
+                cleared = await conn.fetchval(_CLEAR_ANCESTOR, conversation_id, first["parent_id"]) \
+                    if first["parent_id"] is not None else False
         atts = await conn.fetch(
             "SELECT sha256, handle, display_name, media_type, size FROM persistence.attachments "
             "WHERE conversation_id = $1 ORDER BY seq", conversation_id)
@@ -314,8 +372,9 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
             branches = await _branches(conn, conversation_id, [m["id"] for m in messages])
     attachments = [{"sha256": a["sha256"], "handle": a["handle"], "displayName": a["display_name"],
                     "mediaType": a["media_type"], "size": a["size"]} for a in atts]
+    messages = await resolve(messages)
     reply = history_reply(conversation_id, head["version"], head["title"], messages, attachments,
-                          source="projection")
+                          source="projection", page=page_info(messages, start, cleared))
     if branches is not None:
         reply["branches"] = branches
     return reply

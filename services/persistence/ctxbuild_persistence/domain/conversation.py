@@ -24,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,15 +131,87 @@ def path_to(conv: Conversation, anchor_id: str | None = None) -> list[dict[str, 
     return out
 
 
-def history(conversation_id: str, events: Iterable[Mapping[str, Any]],
-            anchor_id: str | None = None) -> dict[str, Any]:
-    """The ``ctx.persist.history`` reply for a conversation's events (raises NotFound for no events)."""
+@dataclass(frozen=True, slots=True)
+class PathWindow:
+    """Which part of the path root → anchor one ``ctx.persist.history`` reply holds.
+
+    Walking back from the anchor, a page takes whole messages while they fit ``max_bytes`` (the anchor always).
+    ``stop_at_summary`` (turn start, SPEC §8.3): the walk ends at the deepest compaction boundary or at the last
+    clear-context marker, whichever comes first — both included, nothing older is served. ``max_messages``
+    (SPEC §8.4): it ends at a clear-context marker or once ``max_messages`` rows are taken and the last one is a
+    ``user`` row."""
+
+    max_bytes: int
+    stop_at_summary: bool = False
+    max_messages: int = 0
+
+    def stops_at(self, message: Mapping[str, Any], is_boundary: bool, taken: int) -> bool:
+        windowed = self.stop_at_summary or self.max_messages > 0
+        return (windowed and bool(message.get("clearContext"))) or (self.stop_at_summary and is_boundary) or (
+            self.max_messages > 0 and taken >= self.max_messages and message.get("role") == "user")
+
+
+def message_bytes(message: Mapping[str, Any]) -> int:
+    """What a message costs in a reply: its JSON, plus the parts a content reference stands for."""
+    body = {k: v for k, v in message.items() if k != "compactionSummary"}
+    parts = message.get("parts")
+    extra = parts["contentRef"].get("size", 0) if isinstance(parts, Mapping) and isinstance(
+        parts.get("contentRef"), Mapping) else 0
+    return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")) + \
+        int(extra)
+
+
+def window_of(path: list[dict[str, Any]], window: PathWindow) -> tuple[list[dict[str, Any]], str, bool]:
+    """The page of ``path`` (root → anchor) a reply holds: (messages, start, cleared_before).
+
+    ``start``: ``root`` (the page reaches the root), ``summary`` / ``clear`` / ``limit`` (the window's own end),
+    or ``page`` (the budget cut it: continue with the first message's ``parentId`` as the anchor).
+    ``cleared_before``: a clear-context marker lies before a ``summary`` start."""
+    out: list[dict[str, Any]] = []
+    used, start = 0, "root"
+    for i in range(len(path) - 1, -1, -1):
+        msg = path[i]
+        size = message_bytes(msg)
+        if out and used + size > window.max_bytes:
+            start = "page"
+            break
+        out.append(msg)
+        used += size
+        if window.stops_at(msg, "compactionSummary" in msg, len(out)):
+            start = "clear" if msg.get("clearContext") else "summary" if (
+                window.stop_at_summary and "compactionSummary" in msg) else "limit"
+            break
+    out.reverse()
+    cleared = start == "summary" and any(m.get("clearContext") for m in path[:len(path) - len(out)])
+    return out, start, cleared
+
+
+def history(conversation_id: str, events: Iterable[Mapping[str, Any]], anchor_id: str | None = None,
+            window: PathWindow | None = None) -> dict[str, Any]:
+    """The ``ctx.persist.history`` reply for a conversation's events (raises NotFound for no events); with a
+    ``window``, one page of the path (see :func:`window_of`)."""
     conv = fold(conversation_id, events)
     if conv.event_count == 0:
         raise NotFound(f"conversation {conversation_id!r} has no events",
                        details={"conversationId": conversation_id})
-    return history_reply(conversation_id, conv.version, conv.title, path_to(conv, anchor_id),
-                         [dict(a) for a in conv.attachments.values()], source="fold")
+    path = path_to(conv, anchor_id)
+    if window is None:
+        return history_reply(conversation_id, conv.version, conv.title, path,
+                             [dict(a) for a in conv.attachments.values()], source="fold")
+    messages, start, cleared = window_of(path, window)
+    return history_reply(conversation_id, conv.version, conv.title, messages,
+                         [dict(a) for a in conv.attachments.values()], source="fold",
+                         page=page_info(messages, start, cleared))
+
+
+def page_info(messages: list[dict[str, Any]], start: str, cleared_before: bool) -> dict[str, Any]:
+    """The paging fields of a history reply: where the page starts and how to continue."""
+    info: dict[str, Any] = {"start": start, "more": start == "page"}
+    if start == "page":
+        info["nextAnchorId"] = messages[0].get("parentId")
+    if start == "summary":
+        info["clearedBefore"] = cleared_before
+    return info
 
 
 def persisted_uris_of(message: Mapping[str, Any]) -> list[tuple[str, str | None, str | None]]:
@@ -205,8 +278,10 @@ def history_extras(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def history_reply(conversation_id: str, version: int, title: str | None, messages: list[dict[str, Any]],
-                  attachments: list[dict[str, Any]], *, source: str) -> dict[str, Any]:
-    """The ``ctx.persist.history`` reply, whichever way the rows were read (projection or fold)."""
+                  attachments: list[dict[str, Any]], *, source: str,
+                  page: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ctx.persist.history`` reply, whichever way the rows were read (projection or fold). The extras
+    (lastUsage, summaries, persistedUris) are those of the messages in this reply (this page)."""
     reply: dict[str, Any] = {
         "conversationId": conversation_id,
         "version": version,
@@ -218,6 +293,7 @@ def history_reply(conversation_id: str, version: int, title: str | None, message
     reply["anchorId"] = messages[-1]["id"] if messages else None
     reply.update(history_extras(messages))
     reply["source"] = source
+    reply.update(page or {"start": "root", "more": False})
     return reply
 
 
