@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from ctxbuild_codec import inline_truncate, marker, sha256_hex, vfs_uri
+from ctxbuild_codec import inline_truncate, marker, nontext, sha256_hex, vfs_uri
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +123,8 @@ async def test_effective_tool_name_and_mcp_content_through_the_service(services,
         # fs_read through tool_invoke: never truncated in flight, however large
         {"type": "tool-result", "toolCallId": "c2", "toolName": "tool_invoke", "effectiveToolName": "fs_read",
          "output": {"type": "text", "value": BIG}},
-        # MCP content blocks: the opaque lane joins the text blocks (images are not text)
+        # MCP content blocks: the opaque lane joins the text blocks; the image and metadata keep their original
+        # whole in the blob store, with a marker each (SPEC §15.1; tests/integration/test_truncation_nontext.py)
         {"type": "tool-result", "toolCallId": "c3", "toolName": "mcp__docs__read_0123456789abcdef0123",
          "output": {"type": "content", "value": [{"type": "text", "text": BIG + "mcp"},
                                                  {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}],
@@ -137,7 +138,9 @@ async def test_effective_tool_name_and_mcp_content_through_the_service(services,
                                           "sha256": sha256_hex(BIG + "inner"), "totalChars": len(BIG) + 5,
                                           "totalLines": 1000}]
     assert echo == parts[1]
-    assert mcp["output"] == {"type": "text", "value": marker(BIG + "mcp")}
+    original = nontext.original_text(parts[2]["output"])
+    assert mcp["output"] == {"type": "text", "value": nontext.render_with_markers(
+        marker(BIG + "mcp"), nontext.describe(parts[2]["output"]), vfs_uri(sha256_hex(original)))}
     assert await read_back(rpc, conversation_id, vfs_uri(sha256_hex(BIG + "mcp"))) == BIG + "mcp"
 
 
