@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas contracts check-contracts \
+	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search check-schemas contracts check-contracts \
 	lint clean k8s-validate images
 
 help:  ## list targets
@@ -52,7 +52,7 @@ test: sync check-contracts k8s-validate  ## unit, contract, integration and end-
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas bench-tool-search  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -77,6 +77,9 @@ bench-e2e: sync  ## real trajectories through the full stack: served tokens, pre
 
 bench-scale: sync  ## no ceiling: 50 turns / 100 MB in one conversation, turn start at 1k vs 10k messages, event sizes
 	$(PY) bench/scale.py --out bench/results/scale.json
+
+bench-tool-search: sync  ## tool_search over the 181 real MCP tools: recall@k and MRR (lexical, semantic, fusion), p50/p99
+	$(PY) bench/tool_search.py --out bench/results/tool_search.json
 
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
