@@ -14,6 +14,7 @@ from pathlib import Path
 import nats
 import pytest
 import pytest_asyncio
+from ctxbuild_devstack.replica import Replica
 from ctxbuild_platform import claims, contracts
 from ctxbuild_platform.errors import ClaimMissing, RemoteError
 from ctxbuild_platform.rpc import RpcClient, rpc
@@ -187,3 +188,24 @@ async def test_publish_with_claim_check_reaches_every_subscriber(stack, nats_bro
     finally:
         for reader in readers:
             await reader.stop()
+
+
+async def test_truncation_subscriber_takes_and_gives_claims(stack, start_service, rpc, bucket):
+    """ctx.truncate.step has its own subscriber (not @rpc): a 3 MB step arrives by claim, and with a small inline
+    limit on the service its reply goes back by claim too."""
+    start_service("blobstore")
+    stack.stop("truncation")  # ours must be the only one in the queue group
+    replica = await asyncio.to_thread(lambda: Replica(stack, "truncation", "truncation_claims",
+                                                      CTX_CLAIMS_BUCKET=bucket,
+                                                      CTX_MESSAGE_INLINE_MAX_BYTES="1024").wait_ready())
+    try:
+        big = "\n".join(f"{i:07d} " + "y" * 80 for i in range(36_000))  # ~3.2 MB
+        reply = await rpc.call("ctx.truncate.step", {
+            "conversationId": "conv_claims", "turnId": "turn_claims", "settings": {"contextWindow": 16000},
+            "parts": [{"type": "tool-result", "toolCallId": "c1", "toolName": "read_file",
+                       "output": {"type": "text", "value": big}}]}, timeout=120)
+        assert reply["parts"][0]["offload"]["mode"] == "offloaded"
+        entries = await _entries(stack, bucket)
+        assert len(entries) == 2 and all(e.deleted for e in entries)  # the request's claim and the reply's
+    finally:
+        await asyncio.to_thread(replica.stop)

@@ -22,7 +22,7 @@ import io
 import json
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -268,6 +268,19 @@ def store_for(broker: Any) -> ClaimStore:
 async def message_body(broker: Any, message: Any) -> bytes:
     """A FastStream message's real body, for subscribers that do not go through ``rpc``."""
     return await store_for(broker).incoming(message.body, message.headers)
+
+
+async def answer(broker: Any, message: Any, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+    """A request/reply subscriber's wire work around its handler (bytes in, encoded reply envelope out): a
+    claimed request is resolved first (a gone or damaged claim is answered as its typed error), a reply over the
+    inline limit goes back in its claim form."""
+    store = store_for(broker)
+    try:
+        raw = await store.incoming(message.body, message.headers)
+    except ServiceError as exc:
+        log.info("claim-not-resolved", subject=getattr(message, "subject", None), code=exc.code, error=exc.message)
+        return encode_json({"error": exc.to_payload()})
+    return await store.reply_bytes(await handle(raw))
 
 
 async def publish(broker: Any, subject: str, payload: Any, *, headers: Mapping[str, str] | None = None) -> None:

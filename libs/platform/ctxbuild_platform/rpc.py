@@ -72,13 +72,10 @@ def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
         async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
-            store = claims.store_for(broker)
-            try:
-                raw = await store.incoming(message.body, message.headers)
-            except ServiceError as exc:
-                log.info("claim-not-resolved", subject=subject, code=exc.code, error=exc.message)
-                return claims.encode_json({"error": exc.to_payload()})
-            return await store.reply(await dispatch(subject, raw, fn))
+            async def run(raw: bytes) -> bytes:
+                return claims.encode_json(await dispatch(subject, raw, fn))
+
+            return await claims.answer(broker, message, run)
 
         handler.__name__ = fn.__name__
         handler.__doc__ = fn.__doc__

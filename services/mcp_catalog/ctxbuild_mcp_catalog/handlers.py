@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import structlog
-from ctxbuild_platform import contracts
-from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_platform import claims, contracts
+from ctxbuild_platform.errors import InvalidPayload, ServiceError
 from ctxbuild_platform.rpc import rpc
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
@@ -24,12 +24,13 @@ CANCEL = "ctx.mcp.cancel"
 log = structlog.get_logger("mcp_handlers")
 
 
-def _notification(subject: str, raw: bytes) -> dict[str, Any] | None:
+async def _notification(broker: NatsBroker, subject: str, message: NatsMessage) -> dict[str, Any] | None:
+    """A notification's payload (resolved from the platform's claim check when it came as one), or None."""
     try:
-        payload = json.loads(raw)
+        payload = json.loads(await claims.message_body(broker, message))
         contracts.validate(contracts.subject_contract(subject, "request"), payload)
         return payload
-    except (ValueError, InvalidPayload) as exc:
+    except (ValueError, ServiceError) as exc:  # not JSON, off contract, or a claim that is gone
         log.warning("notification-rejected", subject=subject, error=str(exc)[:300])
         return None
 
@@ -87,7 +88,7 @@ def register(broker: NatsBroker, catalog: Catalog, *, max_workers: int = 16) -> 
                        description="Cancel an in-flight call by callId (and its inner <callId>::… calls); "
                                    "every replica receives it, no reply.")
     async def cancel(message: NatsMessage) -> None:
-        payload = _notification(CANCEL, message.body)
+        payload = await _notification(broker, CANCEL, message)
         if payload is not None:
             n = catalog.cancel(payload["callId"])
             log.info("cancel", call_id=payload["callId"], cancelled=n)
@@ -95,6 +96,6 @@ def register(broker: NatsBroker, catalog: Catalog, *, max_workers: int = 16) -> 
     @broker.subscriber(TOOLS_CHANGED, title="ctx.mcp.tools_changed.sessions",
                        description="Every replica closes its session to a removed server.")
     async def on_tools_changed(message: NatsMessage) -> None:
-        payload = _notification(TOOLS_CHANGED, message.body)
+        payload = await _notification(broker, TOOLS_CHANGED, message)
         if payload is not None and payload.get("reason") == "removed":
             await catalog.drop_connection(payload["serverId"])

@@ -6,6 +6,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ctxbuild_blobclient import BlobClient
+from ctxbuild_platform import claims
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.nats import NatsBroker
@@ -25,12 +26,13 @@ async def _raw(message: NatsMessage) -> bytes:
 
 
 def subscribe(broker: NatsBroker, handler: StepHandler, max_workers: int) -> None:
-    """`ctx.truncate.step`, queue group `truncation` (contracts are checked by the handler, as `rpc` does)."""
+    """`ctx.truncate.step`, queue group `truncation` (contracts are checked by the handler, as `rpc` does; a
+    request or reply over the NATS inline limit travels by the platform's claim check, as with `rpc`)."""
 
     @broker.subscriber(SUBJECT, queue=QUEUE, max_workers=max_workers, title=SUBJECT, description=DESCRIPTION,
                        decoder=_raw)
     async def step(message: NatsMessage) -> bytes:
-        return await handler.handle(message.body)
+        return await claims.answer(broker, message, handler.handle)
 
 
 def build(settings: Settings):  # -> the ASGI app
