@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ctxbuild_mcp_catalog.adapters import embedder as embedder_mod
 from ctxbuild_mcp_catalog.adapters.embedder import MiniLmEmbedder, load_embedder
-from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache, ToolVectors
+from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache
 from ctxbuild_mcp_catalog.catalog import Catalog
 from ctxbuild_mcp_catalog.domain import ranking
 from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
