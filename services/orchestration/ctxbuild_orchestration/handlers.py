@@ -305,12 +305,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         """The path from the root to ``anchor`` (default: the latest message); ``branches`` adds, for every path
         message with siblings (regenerated answers), the sibling ids — pass one as ``anchor`` to read that branch."""
         await conversation_settings(conversation_id)
-        req: dict[str, Any] = {"conversationId": conversation_id}
-        if branches:
-            req["includeBranches"] = True
-        if anchor:
-            req["anchorId"] = anchor
-        return await backends.rpc.call("ctx.persist.history", req)
+        return await backends.history_all(conversation_id, anchor, branches)
 
     @api.get("/conversations/{conversation_id}/messages/{message_id}/results/{tool_call_id}")
     async def tool_result(conversation_id: str, message_id: str, tool_call_id: str) -> dict[str, Any]:

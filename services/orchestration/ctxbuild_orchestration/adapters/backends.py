@@ -54,7 +54,34 @@ class Backends:
             "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}, timeout=120)
 
     async def history(self, conversation_id: str) -> dict:
+        """The newest page of the path (its last message is the anchor a new message hangs under)."""
         return await self.rpc.call("ctx.persist.history", {"conversationId": conversation_id})
+
+    async def history_all(self, conversation_id: str, anchor: str | None = None,
+                          include_branches: bool = False) -> dict[str, Any]:
+        """The whole path root → anchor, following ``ctx.persist.history``'s byte-bounded pages (newest first):
+        the newest page's head, every page's messages oldest first, branches merged."""
+        req: dict[str, Any] = {"conversationId": conversation_id}
+        if include_branches:
+            req["includeBranches"] = True
+        out: dict[str, Any] | None = None
+        older: list[dict[str, Any]] = []
+        branches: dict[str, list[str]] = {}
+        while True:
+            page = await self.rpc.call("ctx.persist.history", {**req, **({"anchorId": anchor} if anchor else {})})
+            out = out or page
+            older = page["messages"] + older
+            branches.update(page.get("branches") or {})
+            if not page.get("more") or not page.get("nextAnchorId"):
+                break
+            anchor = page["nextAnchorId"]
+        out = {**out, "messages": older, "start": page.get("start", "root"), "more": False}
+        out.pop("nextAnchorId", None)
+        out["summaries"] = [{"boundaryId": m["id"], "index": i} for i, m in enumerate(older)
+                            if isinstance(m.get("compactionSummary"), str)]
+        if include_branches:
+            out["branches"] = {m["id"]: branches[m["id"]] for m in older if m["id"] in branches}
+        return out
 
     # compaction
     async def turn_start(self, conversation_id: str, settings: dict[str, Any]) -> dict:
