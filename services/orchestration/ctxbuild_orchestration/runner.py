@@ -293,6 +293,7 @@ class TurnRunner:
         # keep the work: the steps so far (every call answered) join the conversation, then the typed end
         await self.backends.complete_turn(conversation_id, turn_id, st.messages(user_message_id),
                                           cs.get("truncateThreshold"), event_id=event_id(turn_id, "persist"))
+        await self._release_provisional(turn_id)
         await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its {max_steps} "
                          "steps are kept in the conversation — send a follow-up message to continue", retryable=False)
 
@@ -337,15 +338,20 @@ class TurnRunner:
         messages = st.messages(cmd["userMessageId"])
         await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
                                           event_id=event_id(st.turn_id, "persist"))
-        try:
-            await self.backends.blobs.release(("turn", st.turn_id), "provisional")
-        except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
-            log.warning("provisional-release-failed", turn_id=st.turn_id, error=str(exc))
+        await self._release_provisional(st.turn_id)
         answer = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
             if messages else ""
         await self.backends.append(ts.stream, [{"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
                                                 "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
                                                          "messageIds": [m["id"] for m in messages]}}])
+
+    async def _release_provisional(self, turn_id: str) -> None:
+        """After the persist lane: its in-flight blobs are promoted to the messages, and the fold checkpoints
+        are not needed once the turn ends."""
+        try:
+            await self.backends.blobs.release(("turn", turn_id), "provisional")
+        except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
+            log.warning("provisional-release-failed", turn_id=turn_id, error=str(exc))
 
     # ------------------------------------------------------------------ tools
     async def _toolbox(self, provider: Provider, cs: dict[str, Any], retained: dict[str, Any],
