@@ -125,8 +125,14 @@ def model_dir() -> Path:
 
 
 def load_embedder() -> MiniLmEmbedder | None:
-    """The replica's embedder, or None (logged) when the model cannot be loaded: search is then lexical only."""
+    """The replica's embedder, or None (logged) when the model cannot be loaded: search is then lexical only.
+
+    BLAS runs single-threaded in this process from here on: a query's matrices are small, and a multi-threaded
+    product waits on a busy sibling core, which is what made the slow tail of a search. Replicas scale out."""
     try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
         embedder = MiniLmEmbedder(model_dir())
         embedder.embed(["warm up"])
     except Exception as exc:  # noqa: BLE001 — any failure here only costs the semantic half of the ranking
