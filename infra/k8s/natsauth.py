@@ -6,8 +6,8 @@
    that service's user and by no other; ``source_errors``: every other service's subject named in a service's
    source (or in the blob client it depends on) is publishable by that service's user.
 3. ``live_errors``: a real nats-server with this config; each service's real NATS calls (the work-queue adapter,
-   the KV adapters, JetStream streams, request/reply, the chunked transfer's inbox traffic) must pass, and calls
-   outside a service's lists must be refused.
+   the KV adapters, JetStream streams, request/reply, the chunked transfer's inbox traffic, the platform's claim
+   check in the Object Store bucket CTX_CLAIMS) must pass, and calls outside a service's lists must be refused.
 """
 
 from __future__ import annotations
@@ -320,6 +320,17 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
         if ((await step("mcp-catalog: turn state get", turns.get("turn-1"))) or {}).get("inspected") != ["b"]:
             errors.append("mcp-catalog: per-turn state did not round-trip")
         await c["mcp-catalog"].nc.publish("ctx.mcp.tools_changed", b"{}")
+
+        # the platform's claim check (JetStream Object Store CTX_CLAIMS, real adapter): every service stores a
+        # claim (a large request or reply) and reads and deletes one; several chunks, so the read streams
+        from ctxbuild_platform.claims import CHUNK_BYTES, ClaimStore
+
+        payload = secrets.token_bytes(CHUNK_BYTES * 2 + 1)
+        for user in SOURCES:
+            store = ClaimStore(c[user].nc)
+            claim = await step(f"{user}: store a claim", store.put(payload))
+            if claim is not None and await step(f"{user}: read a claim", store.take(claim)) != payload:
+                errors.append(f"{user}: a claim did not round-trip through CTX_CLAIMS")
 
         for user, cl in c.items():
             errors += [f"{user}: {v}" for v in await cl.settle()]
