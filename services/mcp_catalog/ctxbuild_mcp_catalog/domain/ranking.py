@@ -1,4 +1,4 @@
-"""tool_search's ranking: lexical (BM25) fused with semantic (sentence embeddings) by reciprocal rank fusion.
+"""tool_search's ranking: lexical (BM25) fused with semantic (sentence embeddings) by relative score fusion.
 
 - Lexical: bm25s (Lucene variant) over a tool's name, namespace, description, parameter names and parameter
   descriptions. Words are split on snake/kebab case and lowerCamelCase; a Capitalised compound ("GitHub",
@@ -6,8 +6,12 @@
 - Semantic: cosine between the query's vector and each tool's vector (``semantic_text``: namespace, name and
   description), from an ``Embed`` function (adapters/embedder.py). Cosines are rounded to 1e-4 before ranking,
   so a last-bit difference between two CPUs' float kernels cannot reorder tools across replicas.
-- Fusion: weighted reciprocal rank fusion (Cormack et al. 2009): score(t) = Σ_r w_r / (k + rank_r(t)), over the
-  rankings that contain t. Ties break on the tools' order, so the output is the same on every replica.
+- Fusion: relative score fusion (each ranker's scores min-max normalised over the catalog, then a weighted sum:
+  (1 − α)·cosine + α·BM25, α = ``LEXICAL_WEIGHT``). Scores, not ranks: a tool the model is sure of keeps its lead,
+  where reciprocal rank fusion (``rrf``, kept for the bench's comparison) flattens it. Ties break on the tools'
+  order, so the output is the same on every replica.
+- Requests are expanded with the long form of a few common abbreviations ("PR" → pull request, "db" → database,
+  …) before both rankers: tool descriptions spell them out, and the model does not know them either.
 
 Pure: the vectors are given (the catalog caches them); only the query is embedded here.
 """
@@ -25,9 +29,8 @@ from .schemas import walk
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts → unit-length rows
 
-RRF_K = 60  # the usual constant: ranks far down the list still count a little
 LEXICAL_WEIGHT = 0.25  # requests are mostly paraphrases: meaning leads, shared words (names, identifiers) lift
-SEMANTIC_WEIGHT = 1.0
+RRF_K = 60  # reciprocal rank fusion's usual constant (the bench's comparison)
 SEMANTIC_FLOOR = 0.15  # below this cosine a tool is unrelated to the request: not returned on meaning alone
 SEMANTIC_DESCRIPTION_CHARS = 400
 PARAM_DESCRIPTION_CHARS = 160
@@ -44,6 +47,22 @@ def _stem(tok: str) -> str:
     if len(tok) > 3 and tok.endswith("s") and not tok.endswith(("ss", "us", "is")):
         return tok[:-1]
     return tok
+
+
+# common abbreviations in requests whose long form is what tool descriptions say
+ABBREVIATIONS = {
+    "pr": "pull request", "prs": "pull requests", "repo": "repository", "repos": "repositories",
+    "db": "database", "dbs": "databases", "dir": "directory", "dirs": "directories", "env": "environment",
+    "config": "configuration", "ls": "list", "mkdir": "make directory", "rm": "remove", "cwd": "current directory",
+    "tz": "timezone", "img": "image", "msg": "message", "info": "information", "auth": "authentication",
+}
+
+
+def expand_query(query: str) -> str:
+    """The request with the long form of its abbreviations appended, e.g. "merge PR 12 (pull request)"."""
+    longs = list(dict.fromkeys(ABBREVIATIONS[w] for w in (x.lower() for x in _WORD.findall(query or ""))
+                               if w in ABBREVIATIONS))
+    return f"{query} ({', '.join(longs)})" if longs else query
 
 
 def words(text: str) -> list[str]:
@@ -98,18 +117,26 @@ def rrf(rankings: Sequence[tuple[Sequence[int], float]], k: int = RRF_K) -> list
     return sorted(scores.items(), key=lambda kv: (-round(kv[1], 12), kv[0]))
 
 
+def _min_max(x: np.ndarray) -> np.ndarray:
+    lo, hi = float(x.min()), float(x.max())
+    return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+
+
+def relative_score_fusion(lexical: np.ndarray, semantic: np.ndarray, alpha: float = LEXICAL_WEIGHT) -> np.ndarray:
+    """(1 − alpha)·minmax(semantic) + alpha·minmax(lexical), one score per tool, rounded to 1e-6."""
+    return np.round((1.0 - alpha) * _min_max(semantic) + alpha * _min_max(lexical), 6)
+
+
 class SearchIndex:
     """The deferred tools of one catalog, searchable. With ``vectors`` (one unit row per tool) and ``embed``
     the ranking is hybrid; without, lexical only."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]], vectors: np.ndarray | None = None,
-                 embed: Embed | None = None, *, lexical_weight: float = LEXICAL_WEIGHT,
-                 semantic_weight: float = SEMANTIC_WEIGHT, k: int = RRF_K) -> None:
+                 embed: Embed | None = None, *, lexical_weight: float = LEXICAL_WEIGHT) -> None:
         self.tools = list(tools)
         self.vectors = vectors if vectors is not None and len(vectors) == len(self.tools) else None
         self.embed = embed if self.vectors is not None else None
-        self.weights = (lexical_weight, semantic_weight)
-        self.k = k
+        self.alpha = lexical_weight
         self._bm25: bm25s.BM25 | None = None
         if self.tools:
             self._bm25 = bm25s.BM25()
@@ -121,30 +148,41 @@ class SearchIndex:
 
     def lexical(self, query: str) -> list[tuple[int, float]]:
         """(tool index, BM25 score) of the tools sharing a word with the query, best first."""
-        tokens = tokenize(query)
+        tokens = tokenize(expand_query(query))
         if self._bm25 is None or not tokens:
             return []
         scores = self._bm25.get_scores(tokens)
         ranked = sorted(range(len(self.tools)), key=lambda i: (-round(float(scores[i]), 6), i))
         return [(i, float(scores[i])) for i in ranked if scores[i] > 0]
 
+    def cosines(self, query: str) -> np.ndarray | None:
+        """The query's cosine with every tool, rounded to 1e-4; None when not hybrid or the query is blank."""
+        if self.embed is None or self.vectors is None or not query.strip() or not self.tools:
+            return None
+        q = np.asarray(self.embed([expand_query(query)]), dtype=np.float32)[0]
+        return np.round(self.vectors @ q, 4).astype(np.float64)
+
     def semantic(self, query: str) -> list[tuple[int, float]]:
         """(tool index, cosine) of the tools at or above the floor, best first."""
-        if self.embed is None or self.vectors is None or not query.strip() or not self.tools:
+        cos = self.cosines(query)
+        if cos is None:
             return []
-        q = np.asarray(self.embed([query]), dtype=np.float32)[0]
-        cos = np.round(self.vectors @ q, 4)
         ranked = sorted(range(len(self.tools)), key=lambda i: (-float(cos[i]), i))
         return [(i, float(cos[i])) for i in ranked if cos[i] >= SEMANTIC_FLOOR]
 
     def ranked(self, query: str) -> list[tuple[int, float]]:
-        """(tool index, score) best first: the fusion when hybrid, else BM25."""
+        """(tool index, score) best first: the fusion when hybrid, else BM25. A tool is returned when it shares
+        a word with the request or its cosine reaches the floor."""
         lexical = self.lexical(query)
-        if not self.hybrid:
+        cos = self.cosines(query) if self.hybrid else None
+        if cos is None:
             return lexical
-        semantic = self.semantic(query)
-        return rrf([([i for i, _ in lexical], self.weights[0]), ([i for i, _ in semantic], self.weights[1])],
-                   self.k)
+        lex = np.zeros(len(self.tools))
+        for i, s in lexical:
+            lex[i] = s
+        fused = relative_score_fusion(lex, cos, self.alpha)
+        keep = [i for i in range(len(self.tools)) if lex[i] > 0 or cos[i] >= SEMANTIC_FLOOR]
+        return [(i, float(fused[i])) for i in sorted(keep, key=lambda i: (-float(fused[i]), i))]
 
     def search(self, query: str, limit: int = 5) -> list[tuple[Mapping[str, Any], float]]:
         return [(self.tools[i], round(s, 4)) for i, s in self.ranked(query)[:limit]]
