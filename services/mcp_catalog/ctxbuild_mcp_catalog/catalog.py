@@ -230,6 +230,9 @@ class Catalog:
                      error=entry.error, replica=self.replica)
             if entry.status == Status.READY:
                 await self._announce(sid, entry.fingerprint, len(entry.tools), "listed")
+                if self.tool_vectors is not None and entry.tools:
+                    # embed the new list now, so the first tool_search over it does not wait for the model
+                    self._spawn(self._embed_tools(cfg.label, entry.tools), "mcp-embed-tools")
 
     async def _announce(self, sid: str, fingerprint: str | None, count: int, reason: str) -> None:
         """Publish ``ctx.mcp.tools_changed`` only when the server's tool list really changed (the registry's
@@ -511,6 +514,14 @@ class Catalog:
                           self.settings.max_call_timeout_s)
             result = await self._call(cfg, dict(verdict.tool), verdict.params, inner, timeout)
             return {**result, "effectiveToolName": name, "callId": inner}
+
+    async def _embed_tools(self, namespace: str, tools: list[dict[str, Any]]) -> None:
+        if self.tool_vectors is None:
+            return
+        try:
+            await self.tool_vectors.vectors([ranking.semantic_text({**t, "namespace": namespace}) for t in tools])
+        except Exception as exc:  # noqa: BLE001 — tool_search embeds them when it needs them
+            log.warning("tool-vectors-deferred", error=describe(exc))
 
     async def _search_index(self, tools: list[dict[str, Any]]) -> meta.SearchIndex:
         """One index per distinct deferred catalog (memoised, a few at a time); hybrid when the tool vectors
