@@ -30,20 +30,20 @@ REPO_CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 
 @pytest.fixture(scope="module")
 def test_contracts(tmp_path_factory):
-    """The real common contracts plus an echo subject of our own (the server below runs in this process)."""
-    root = tmp_path_factory.mktemp("contracts")
-    shutil.copytree(REPO_CONTRACTS / "common", root / "common")
-    (root / "subjects").mkdir()
+    """The real contracts plus an echo subject of our own, loaded for this process only (the server below runs
+    here): the environment is restored at once, so service processes started meanwhile read the real ones."""
+    root = tmp_path_factory.mktemp("contracts") / "contracts"
+    shutil.copytree(REPO_CONTRACTS, root)
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
               "required": ["data"], "properties": {"data": {"type": "string"}, "sha256": {"type": "string"}},
               "additionalProperties": False}
     for kind in ("request", "reply"):
         (root / "subjects" / f"{SUBJECT}.{kind}.json").write_text(json.dumps(schema))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CTX_CONTRACTS_DIR", str(root))
-    contracts.reset_cache()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CTX_CONTRACTS_DIR", str(root))
+        contracts.reset_cache()
+        assert contracts.has_contract(f"subjects/{SUBJECT}.request.json")  # loaded (and cached) from root
     yield root
-    mp.undo()
     contracts.reset_cache()
 
 
