@@ -182,10 +182,13 @@ async def test_a_listed_servers_tools_are_embedded_before_the_first_search(model
     assert idx.search("file a bug report", 1)[0][0]["name"] == "create_issue"
 
 
-async def test_semantic_ranking_can_be_switched_off():
-    c = Catalog(settings(tool_search_semantic=False), None, InMemoryToolCache(), None)
-    await c.load_embedder()
-    assert c.embedder is None and not (await c._search_index(TOOLS)).hybrid
+async def test_the_catalog_loads_the_model_at_start_up_unless_switched_off():
+    on = Catalog(settings(), None, InMemoryToolCache(), None)
+    await on.load_embedder()  # what the service runs before it subscribes
+    assert on.embedder is not None and (await on._search_index(TOOLS)).hybrid
+    off = Catalog(settings(tool_search_semantic=False), None, InMemoryToolCache(), None)
+    await off.load_embedder()
+    assert off.embedder is None and not (await off._search_index(TOOLS)).hybrid
 
 
 @pytest.mark.shared_data
