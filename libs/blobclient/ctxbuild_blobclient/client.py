@@ -99,8 +99,9 @@ class BlobClient:
             base["mediaType"] = media_type
         inline = self._inline_text(content)
         if inline is not None:
-            try:
-                return await self._call("ctx.blob.put", {"content": inline, **base})
+            try:  # a declared hash is checked by the store on this path too (a mismatch is invalid-payload)
+                return await self._call("ctx.blob.put", {"content": inline, **base,
+                                                         **({"sha256": sha256} if sha256 else {})})
             except MaxPayloadError:
                 pass  # escaping made the JSON too big: stream it instead
         return await self._upload(content, base, sha256=sha256, size=size)

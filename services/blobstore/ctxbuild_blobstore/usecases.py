@@ -28,9 +28,10 @@ from ctxbuild_platform.telemetry import span
 from .adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgres, RefSpec
 from .adapters.s3 import ObjectGone, ObjectReader, ObjectStore
 from .adapters.transfer import Transfer
-from .domain.fsread import LinePager, Resolved, fs_read_error, resolve_prefix
+from .domain.access import ReadScope
+from .domain.fsread import Candidate, LinePager, Resolved, fs_read_error, resolve_prefix
 from .domain.keys import INBOX, object_key, temp_key
-from .domain.readfile import CharPager, read_file_error, read_file_range_error
+from .domain.readfile import CharPager, read_file_error, read_file_not_found, read_file_range_error
 from .domain.textindex import DEFAULT_STRIDE, Indexer, Marks, TextIndex, index_bytes, origin_marks
 from .writer import ObjectWriter
 
@@ -52,8 +53,9 @@ class TooLarge(ServiceError):
     code = "too-large"
 
 
-class DigestMismatch(ServiceError):
-    """The uploaded bytes are not the content the caller declared (sha256/size)."""
+class DigestMismatch(InvalidPayload):
+    """The uploaded bytes are not the content the caller declared (sha256/size): a malformed request, with its
+    own code since the bytes were streamed before the mismatch could be seen."""
 
     code = "digest-mismatch"
 
@@ -190,6 +192,11 @@ class BlobStore:
         _texts_ok(req)
         data = _encode(req["content"])
         sha = hashlib.sha256(data).hexdigest()
+        declared = req.get("sha256")
+        if declared is not None and declared != sha:
+            # the caller's digest does not describe this content: storing it would bind the wrong identity
+            raise InvalidPayload(f"declared sha256 {declared} does not match the content's sha256 {sha}",
+                                 details={"declared": declared, "actual": sha})
         with span("blob.put", sha256=sha, size=len(data), role=req["role"]):
             created, _ = await self._store_small(sha, data, req.get("mediaType") or DEFAULT_MEDIA_TYPE, _ref(req),
                                                  None)
@@ -414,13 +421,16 @@ class BlobStore:
             shown = uri if len(uri) <= 200 else uri[:200] + "…"
             return fs_read_error("parse-error", f"not a stored-output URI: {shown!r} "
                                                 "(expected context://vfs/vfs_<16 hex>.txt)")
-        _texts_ok({"c": req["conversationId"]})
+        _texts_ok({"c": req["conversationId"], "t": req.get("turnId") or ""})
         with span("blob.fs_read", prefix=prefix, conversation=req["conversationId"], turn=req.get("turnId")):
             rows = await self.db.candidates(prefix, req["conversationId"])
-            resolved = resolve_prefix(prefix, [c for c, _ in rows])
+            scope = ReadScope.of(req)
+            candidates = await self._in_scope(prefix, [c for c, _ in rows], req["conversationId"], scope)
+            resolved = resolve_prefix(prefix, candidates, uniform=scope is not None)
             if not isinstance(resolved, Resolved):
                 log.info("fs_read-refused", prefix=prefix, code=resolved["code"],
-                         conversation=req["conversationId"])
+                         conversation=req["conversationId"], turn=req.get("turnId"),
+                         outside_scope=any(c.allowed for c, _ in rows))
                 return resolved
             info = next(i for c, i in rows if c.sha256 == resolved.sha256)
             name = f"vfs_{prefix}.txt"
@@ -451,16 +461,31 @@ class BlobStore:
                 return fs_read_error("not-found", f"{name} is no longer available")
             return pager.result(at_end=end == indexed.size)
 
+    async def _in_scope(self, prefix: str, candidates: list[Candidate], conversation: str,
+                        scope: ReadScope | None) -> list[Candidate]:
+        """The candidates with ``allowed`` narrowed to the read's scope: a retained URI or attachment, or a blob
+        the turn itself references (SPEC §6, §15). No scope: the conversation-wide rule."""
+        if scope is None or scope.retains_prefix(prefix) or not any(c.allowed for c in candidates):
+            return candidates
+        owned = await self.db.turn_references([c.sha256 for c in candidates if c.allowed], conversation,
+                                              scope.turn_id) if scope.turn_id else set()
+        return [replace(c, allowed=c.allowed and c.sha256 in owned) for c in candidates]
+
     async def read_file(self, req: dict[str, Any]) -> dict[str, Any]:
         conversation, name = req["conversationId"], req["filename"]
         _texts_ok({"c": conversation})
-        with span("blob.read_file", conversation=conversation):
+        scope = ReadScope.of(req)
+        with span("blob.read_file", conversation=conversation, turn=req.get("turnId")):
             # a NUL can be in no handle (Postgres text cannot hold one): simply no such file
             found = None if "\x00" in name else await self.db.attachment(conversation, name)
+            if found is not None and scope is not None and not scope.retains_attachment(found[0].handle,
+                                                                                         found[0].sha256):
+                log.info("read_file-refused", conversation=conversation, turn=req.get("turnId"), outside_scope=True)
+                found = None  # revoked by the served window, or another branch's: as if it did not exist
             if found is None:
-                known = await self.db.attachment_handles(conversation)
-                hint = f"; attached files: {', '.join(known)}" if known else "; this conversation has no attachments"
-                return read_file_error("not-found", f"no attached file named {name!r}{hint}")
+                known = list(scope.handles[:20]) if scope is not None \
+                    else await self.db.attachment_handles(conversation)
+                return read_file_not_found(name, known)
             _, info = found
             if info.size > self.cfg.max_read_bytes:
                 return read_file_error("too-large", f"{name} is {info.size} bytes, over the "

@@ -357,6 +357,14 @@ class Postgres:
                 "ORDER BY b.sha256", prefix, conversation_id)
         return [(Candidate(r["sha256"], r["size"], r["allowed"]), _info(r)) for r in rows]
 
+    async def turn_references(self, sha256s: Sequence[str], conversation_id: str, turn_id: str) -> set[str]:
+        """Which of these blobs the turn itself references in this conversation (its offloads, claims, folds)."""
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT sha256 FROM blobstore.refs WHERE sha256 = ANY($1::text[]) AND conversation_id = $2 "
+                "AND owner_kind = 'turn' AND owner_id = $3", list(sha256s), conversation_id, turn_id)
+        return {r["sha256"] for r in rows}
+
     async def blob(self, sha256: str, conversation_id: str) -> tuple[BlobInfo, bool] | None:
         """The blob and whether the conversation may read it; None when there is no such blob."""
         async with self._conn() as conn:

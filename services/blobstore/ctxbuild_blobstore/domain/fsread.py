@@ -30,6 +30,11 @@ def fs_read_error(code: str, message: str) -> dict[str, Any]:
     return {"kind": "error", "code": code, "message": message, "modelText": f"[Error: {code}] {message}"}
 
 
+def not_found(prefix: str) -> dict[str, Any]:
+    """The one answer for a missing blob and (in a model's read) for a blob outside the read's allow-list."""
+    return fs_read_error("not-found", f"no stored output vfs_{prefix}.txt")
+
+
 def suggested_limit(page_chars: int, page_lines: int, cap: int) -> int:
     """max(1, floor((cap − 200) / average rendered line length)); integer arithmetic, no float rounding."""
     return max(1, ((cap - HINT_HEADROOM) * page_lines) // page_chars)
@@ -204,14 +209,18 @@ class Resolved:
     size: int
 
 
-def resolve_prefix(prefix: str, candidates: Sequence[Candidate]) -> Resolved | dict[str, Any]:
+def resolve_prefix(prefix: str, candidates: Sequence[Candidate], *,
+                   uniform: bool = False) -> Resolved | dict[str, Any]:
     """Map a 16-hex handle to exactly one readable blob, or an error result.
 
     The handle is only a name: two blobs sharing it are never served (either could be the wrong one).
-    Access is checked before ambiguity so an unrelated conversation learns nothing beyond "denied".
+    Access is checked before ambiguity so an unrelated conversation learns nothing beyond "denied". ``uniform``
+    (a model's read, SPEC §6): a blob the caller may not read answers exactly like one that does not exist, so
+    the model learns nothing of what other conversations, branches or revoked messages hold. A trusted caller
+    without a read scope keeps the distinct ``access-denied`` as a diagnostic.
     """
-    if not candidates:
-        return fs_read_error("not-found", f"no stored output vfs_{prefix}.txt")
+    if not candidates or (uniform and not any(c.allowed for c in candidates)):
+        return not_found(prefix)
     if not any(c.allowed for c in candidates):
         return fs_read_error("access-denied", f"vfs_{prefix}.txt is not readable from this conversation")
     if len(candidates) > 1:

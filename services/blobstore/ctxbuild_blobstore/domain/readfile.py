@@ -13,6 +13,12 @@ def read_file_error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}, "modelText": f"[Error: {code}] {message}"}
 
 
+def read_file_not_found(name: str, known: list[str]) -> dict[str, Any]:
+    """The one answer for a handle that names nothing the caller may read (missing, revoked, elsewhere)."""
+    hint = f"; attached files: {', '.join(known)}" if known else "; this conversation has no attachments"
+    return read_file_error("not-found", f"no attached file named {name!r}{hint}")
+
+
 def read_file_range_error(offset: int, total: int) -> dict[str, Any] | None:
     """The offset-out-of-range result, or None when ``offset`` is a valid start."""
     if offset > total or (offset == total and total > 0):
