@@ -38,8 +38,9 @@ from opentelemetry.propagate import extract
 
 from .adapters import content
 from .adapters.backends import Backends
+from .domain.arguments import argument_error, invalid_arguments_output
 from .domain.steps import tool_result
-from .domain.tools import BUILTINS, META_TOOLS, offered_tools
+from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
 
 log = structlog.get_logger("runner")
@@ -130,6 +131,10 @@ class ToolBox:
     mcp_ids: set[str]
     meta: bool  # tool_search/tool_inspect/tool_invoke are on the wire (tools deferred by the catalog)
     system_extra: str | None
+    retained: dict[str, Any]  # what the served history may read (turn-start compaction): the reads' allow-list
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.specs if t.name == name), None)
 
 
 ProviderFactory = Callable[[dict[str, Any], str, str], Awaitable[Provider]]
@@ -372,9 +377,9 @@ class TurnRunner:
                           for t in wire["tools"]]
             specs = offered_tools(retained, [], can_offload=True, others=extra + wire_specs)
             return ToolBox(specs, {t["id"] for t in mcp_tools}, any(t.name in META_TOOLS for t in wire_specs),
-                           wire.get("systemPrompt"))
+                           wire.get("systemPrompt"), retained)
         specs = offered_tools(retained, mcp_tools, can_offload=True, others=extra)
-        return ToolBox(specs, {t["id"] for t in mcp_tools}, False, None)
+        return ToolBox(specs, {t["id"] for t in mcp_tools}, False, None, retained)
 
     async def _tools(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
                      trunc_settings: dict[str, Any], conversation_id: str) -> None:
@@ -442,19 +447,25 @@ class TurnRunner:
             out = recorded(call["toolCallId"])
             if out is not None:
                 return out, None
+        spec = self._checked_spec(name, box)
+        if spec is not None:  # arguments are data: checked before anything runs, identity never taken from them
+            error = argument_error(name, spec.input_schema, args)
+            if error is not None:
+                log.info("tool-arguments-refused", turn_id=turn_id, tool=name, error=error)
+                return invalid_arguments_output(error), None
         try:
             if name == "read_file":
-                r = await self.backends.read_file(conversation_id, args)
+                r = await self.backends.read_file(conversation_id, turn_id, args, box.retained)
                 return {"type": "error-text" if "error" in r else "text", "value": r["modelText"]}, None
             if name == "fs_read":
-                r = await self.backends.fs_read(conversation_id, turn_id, args)
+                r = await self.backends.fs_read(conversation_id, turn_id, args, box.retained)
                 return {"type": "error-text" if r.get("kind") == "error" else "text", "value": r["modelText"]}, None
             if box.meta and name in META_TOOLS:
                 r = await self.backends.meta(turn_id, name, args, call["toolCallId"])
                 return r["output"], r.get("effectiveToolName")
             if name in box.mcp_ids:
                 return (await self.backends.invoke(name, args, call["toolCallId"]))["output"], None
-            if self.web_tools is not None and any(t.name == name for t in box.specs):
+            if self.web_tools is not None and box.spec(name) is not None:
                 out = await self.web_tools.execute(name, args)
                 if out is not None:
                     return out, None
@@ -462,6 +473,15 @@ class TurnRunner:
             return {"type": "error-text", "value": f"[Error: {exc.code}] {exc.remote_message}"}, None
         known = sorted({t.name for t in box.specs} | BUILTINS)
         return {"type": "error-text", "value": f"[Error: unknown-tool] {name} is not available; tools: {known}"}, None
+
+    def _checked_spec(self, name: str, box: ToolBox) -> ToolSpec | None:
+        """The schema a call's arguments are checked against: the built-ins' own, the offered meta-tool and web
+        tool schemas (as on the wire). MCP tools are validated by the catalog's servers."""
+        if name in BUILTINS:
+            return READ_FILE if name == "read_file" else FS_READ
+        if (box.meta and name in META_TOOLS) or (self.web_tools is not None and name in WEB_TOOLS):
+            return box.spec(name)
+        return None
 
     async def _in_loop(self, conversation_id: str, turn_id: str, step: int, full: list[dict[str, Any]],
                        checkpoint: dict[str, Any] | None, retained: dict[str, Any], fixed: int,

@@ -101,12 +101,17 @@ class Backends:
     async def attach(self, conversation_id: str, display_name: str, content: Content, media_type: str) -> dict:
         return await self.blobs.attach(content, conversation_id, display_name, media_type)
 
-    async def fs_read(self, conversation_id: str, turn_id: str, args: dict[str, Any]) -> dict:
-        return await self.rpc.call("ctx.blob.fs_read", {"conversationId": conversation_id, "turnId": turn_id,
-                                                        **args}, timeout=self.tool_timeout_s)
+    # a model's (validated) arguments first, then the server's identity and allow-list: the server's keys win
+    async def fs_read(self, conversation_id: str, turn_id: str, args: dict[str, Any],
+                      retained: dict[str, Any]) -> dict:
+        return await self.rpc.call("ctx.blob.fs_read", {**args, "conversationId": conversation_id,
+                                                        "turnId": turn_id, "retained": retained},
+                                   timeout=self.tool_timeout_s)
 
-    async def read_file(self, conversation_id: str, args: dict[str, Any]) -> dict:
-        return await self.rpc.call("ctx.blob.read_file", {"conversationId": conversation_id, **args},
+    async def read_file(self, conversation_id: str, turn_id: str, args: dict[str, Any],
+                        retained: dict[str, Any]) -> dict:
+        return await self.rpc.call("ctx.blob.read_file", {**args, "conversationId": conversation_id,
+                                                          "turnId": turn_id, "retained": retained},
                                    timeout=self.tool_timeout_s)
 
     # MCP catalog
@@ -125,7 +130,7 @@ class Backends:
         return await self.rpc.call("ctx.mcp.resolve", req, timeout=30)
 
     async def meta(self, turn_id: str, tool: str, arguments: dict[str, Any], call_id: str) -> dict:
-        return await self.rpc.call("ctx.mcp.meta", {"turnId": turn_id, "tool": tool, "arguments": arguments,
+        return await self.rpc.call("ctx.mcp.meta", {"arguments": arguments, "tool": tool, "turnId": turn_id,
                                                     "callId": call_id}, timeout=self.tool_timeout_s)
 
     async def invoke(self, tool_id: str, arguments: dict[str, Any], call_id: str) -> dict:
