@@ -4,10 +4,13 @@
    ``<< $VAR >>`` becomes the bare variable) — ``nats-server -t`` must accept it.
 2. ``contract_errors``: every subject a service serves (contracts/asyncapi.json, ``receive``) is subscribable by
    that service's user and by no other; ``source_errors``: every other service's subject named in a service's
-   source (or in the blob client it depends on) is publishable by that service's user.
+   source (or in the blob client it depends on) is publishable by that service's user; ``inbox_errors``: each
+   user subscribes to its own inboxes ``_INBOX.<user>.>`` and to no other inbox (nobody reads another's replies).
 3. ``live_errors``: a real nats-server with this config; each service's real NATS calls (the work-queue adapter,
    the KV adapters, JetStream streams, request/reply, the chunked transfer's inbox traffic, the platform's claim
-   check in the Object Store bucket CTX_CLAIMS) must pass, and calls outside a service's lists must be refused.
+   check in the Object Store bucket CTX_CLAIMS) must pass — each client with its inbox prefix ``_INBOX.<user>`` as
+   the services connect in the cluster — and calls outside a service's lists must be refused (another
+   service's inboxes, or all of ``_INBOX.>``, included).
 """
 
 from __future__ import annotations
@@ -142,6 +145,24 @@ def called_subjects(user: str) -> set[str]:
     return {s for s in found if s.split(".")[1] not in own}
 
 
+def inbox_prefix(user: str) -> str:
+    """The inbox prefix a service connects with (CTX_NATS_INBOX_PREFIX, set by components/nats-auth)."""
+    return f"_INBOX.{user}"
+
+
+def inbox_errors(values: dict[str, Any]) -> list[str]:
+    perms, errors = users(values), []
+    for user in SOURCES:
+        own = f"{inbox_prefix(user)}.>"
+        subs = perms[user].subscribe if user in perms else ()
+        if own not in subs:
+            errors.append(f"{user} may not subscribe to its own inboxes {own}")
+        for a in subs:
+            if a != own and (a.startswith("_INBOX") or a in (">", "*") or a.startswith(("*.", ">"))):
+                errors.append(f"{user} may subscribe to {a}: other services' replies (only {own} is its own)")
+    return errors
+
+
 def source_errors(values: dict[str, Any]) -> list[str]:
     perms, errors = users(values), []
     for user in SOURCES:
@@ -201,7 +222,8 @@ class _Client:
             if "permissions violation" in str(exc).lower():
                 self.violations.append(str(exc))
 
-        self.nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False, name=self.user)
+        self.nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False, name=self.user,
+                                     inbox_prefix=inbox_prefix(self.user))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -338,7 +360,11 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
         # and what must be refused
         refused = [("truncation", "pub", "ctx.persist.append"), ("compaction", "sub", "ctx.blob.put"),
                    ("blobstore", "pub", "ctx.evt.Forged"), ("orchestration-runner", "pub", "ctx.turn.run"),
-                   ("persistence", "pub", "$JS.API.STREAM.DELETE.CTX_TURNS"), ("mcp-catalog", "sub", "ctx.persist.>")]
+                   ("persistence", "pub", "$JS.API.STREAM.DELETE.CTX_TURNS"), ("mcp-catalog", "sub", "ctx.persist.>"),
+                   # nobody reads another's replies or blob transfers
+                   ("truncation", "sub", "_INBOX.>"), ("compaction", "sub", f"{inbox_prefix('blobstore')}.>"),
+                   ("orchestration", "sub", f"{inbox_prefix('orchestration-runner')}.*.*"),
+                   ("mcp-catalog", "sub", "_INBOX.*.>")]
         for user, kind, subject in refused:
             cl = c[user]
             before = len(cl.violations)

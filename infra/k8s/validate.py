@@ -347,6 +347,11 @@ def check_service_container(name: str, obj: dict[str, Any], c: dict[str, Any], o
         errors.append(f"{where}: env[0] must be CTX_NATS_URL (components/nats-auth rewrites env[0])")
     errs, settings = check_settings(name, env, where)
     errors += errs
+    # a per-service NATS user may subscribe only to its own inboxes (dependencies/nats/values-auth.yaml)
+    user = re.search(r"<secret:ctxbuild-nats-([a-z0-9-]+)/NATS_USER>", env.get("CTX_NATS_URL", ""))
+    if user and env.get("CTX_NATS_INBOX_PREFIX") != f"_INBOX.{user.group(1)}":
+        errors.append(f"{where}: CTX_NATS_INBOX_PREFIX must be _INBOX.{user.group(1)} for NATS user {user.group(1)} "
+                      f"(got {env.get('CTX_NATS_INBOX_PREFIX')!r}): it may subscribe to no other inboxes")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
         got = ((c.get(probe) or {}).get("httpGet") or {})
         if got.get("path") != path or got.get("port") != "http":
@@ -732,6 +737,7 @@ def nats_errors(skip_live: bool = False) -> list[str]:
     errors = [f"nats accounts: {e}" for e in natsauth.contract_errors(
         values, json.loads((REPO / "contracts/asyncapi.json").read_text()))]
     errors += [f"nats accounts: {e}" for e in natsauth.source_errors(values)]
+    errors += [f"nats accounts: {e}" for e in natsauth.inbox_errors(values)]
     with tempfile.TemporaryDirectory(prefix="ctx-nats-") as tmp:
         conf = Path(tmp) / "nats.conf"
         conf.write_text(natsauth.nats_conf(values, port=4222, store_dir=str(Path(tmp) / "js")))

@@ -313,6 +313,32 @@ def test_a_call_the_permissions_forbid_is_caught():
     assert "compaction calls ctx.persist.history (in its source) but may not publish to it" in errors
 
 
+def test_each_service_subscribes_only_to_its_own_inboxes(prod):
+    assert natsauth.inbox_errors(natsauth.load_values()) == []
+    index = validate.Index(prod)
+    for user in natsauth.SOURCES:  # the component connects each Deployment with the prefix its user may read
+        env = validate.container_env(container(prod, user), index, [], user)
+        assert env["CTX_NATS_INBOX_PREFIX"] == natsauth.inbox_prefix(user) == f"_INBOX.{user}"
+
+
+def test_a_user_reading_every_inbox_is_caught():
+    values = _edit_user(natsauth.load_values(), "truncation", "subscribe", lambda a: [*a, "_INBOX.>"])
+    assert "truncation may subscribe to _INBOX.>: other services' replies (only _INBOX.truncation.> is its own)" \
+        in natsauth.inbox_errors(values)
+    values = _edit_user(natsauth.load_values(), "compaction", "subscribe",
+                        lambda a: [x.replace("_INBOX.compaction.>", "_INBOX.blobstore.>") for x in a])
+    errors = natsauth.inbox_errors(values)
+    assert "compaction may not subscribe to its own inboxes _INBOX.compaction.>" in errors
+    assert any(e.startswith("compaction may subscribe to _INBOX.blobstore.>") for e in errors)
+
+
+def test_a_deployment_with_another_inbox_prefix_is_caught(prod):
+    d = copy.deepcopy(prod)
+    env = container(d, "blobstore")["env"]
+    next(e for e in env if e["name"] == "CTX_NATS_INBOX_PREFIX")["value"] = "_INBOX"
+    assert any("CTX_NATS_INBOX_PREFIX must be _INBOX.blobstore" in e for e in validate.check_render(d))
+
+
 def test_the_server_config_keeps_passwords_as_variables():
     conf = natsauth.nats_conf(natsauth.load_values(), port=4222, store_dir="/data")
     assert '"password": $CTX_NATS_BLOBSTORE' in conf

@@ -36,6 +36,7 @@ def broker_options(settings: ServiceSettings) -> dict[str, Any]:
     return dict(
         servers=str(settings.nats_url),
         name=f"ctxbuild-{settings.service_name}",
+        inbox_prefix=settings.nats_inbox_prefix,  # replies, transfer and JetStream deliveries all use it
         middlewares=[TracingMiddleware(tracer_provider=provider)],
         graceful_timeout=settings.drain_timeout_s,
         max_reconnect_attempts=-1,

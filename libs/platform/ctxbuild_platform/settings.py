@@ -11,6 +11,11 @@ class ServiceSettings(BaseSettings):
 
     service_name: str = Field(description="logical service name (resource attribute, log field)")
     nats_url: NatsDsn = Field(description="NATS server URL")
+    nats_inbox_prefix: str = Field(
+        "_INBOX", pattern=r"^_INBOX(\.[A-Za-z0-9_-]+)*$",
+        description="prefix of this process's reply inboxes; with per-service NATS users (k8s components/nats-auth) "
+                    "`_INBOX.<user>`, the only inboxes that user may subscribe to, so no service reads another's "
+                    "replies (it stays under `_INBOX.`: the blob store's transfer accepts only inboxes there)")
     http_port: int = Field(8080, description="health/metrics HTTP port")
     http_host: str = "127.0.0.1"
     log_level: str = "INFO"
