@@ -15,12 +15,13 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any
 
 import structlog
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
-from faststream.asgi import AsgiFastStream
+from faststream.asgi import AsgiFastStream, AsgiResponse, get
 
 from .adapters.db import Database, migrate, wait_for_postgres
 from .adapters.event_store import EventStore
@@ -52,8 +53,8 @@ def build(settings: Settings) -> AsgiFastStream:
     blob_client = BlobClient(RpcClient(broker, default_timeout=settings.request_timeout_s),
                              timeout_s=settings.lane_blob_timeout_s)
     blobs = LaneBlobs(blob_client, concurrency=settings.lane_blob_concurrency)
-    lane = PersistLane(store, blobs, lambda evs: to_new_events(evs, settings.max_event_bytes), on_appended,
-                       promote_inflight_refs=settings.lane_promote_inflight_refs)
+    lane = PersistLane(store, blobs, lambda evs, stream: to_new_events(evs, settings.max_event_bytes, stream),
+                       on_appended, promote_inflight_refs=settings.lane_promote_inflight_refs)
     register(broker, settings, store, on_appended, projector, lane, blob_client)
     log = structlog.get_logger("persistence")
 
@@ -64,8 +65,18 @@ def build(settings: Settings) -> AsgiFastStream:
             log.info("migrations", applied=applied)
         await db.open()
 
+    @get(include_in_schema=False)
+    async def projection_status(scope: Any) -> AsgiResponse:
+        """The projection's position, last error and parked events (an alert source next to the log line)."""
+        try:
+            body, status = await projector.status(), 200
+        except Exception as exc:  # noqa: BLE001 - a status page answers even when Postgres does not
+            body, status = {"error": f"{type(exc).__name__}: {exc}"[:300]}, 503
+        return AsgiResponse(json.dumps(body).encode(), status, headers={"content-type": "application/json"})
+
     app = make_app(settings, broker,
                    readiness=[("postgres", db.ping)],
+                   extra_routes=[("/projection", projection_status)],
                    on_startup=[open_database],
                    after_startup=[relay.start, projector.start],
                    on_shutdown=[relay.stop, projector.stop])

@@ -41,6 +41,7 @@ from .domain.conversation import (
     path_to,
     window_of,
 )
+from .domain.projection import LogEvent, lone_surrogate_at, unprojectable
 from .persist_lane import PersistLane
 from .settings import Settings
 
@@ -53,12 +54,17 @@ def event_contract(event_type: str) -> str | None:
     return name if contracts.has_contract(name) else None
 
 
-def to_new_events(raw_events: list[dict[str, Any]], max_event_bytes: int) -> list[NewEvent]:
+def to_new_events(raw_events: list[dict[str, Any]], max_event_bytes: int,
+                  stream_id: str | None = None) -> list[NewEvent]:
     """Request events → NewEvent, validating each ``data`` against ``contracts/events/<Type>.json`` when it
-    exists and stamping the current trace context into ``metadata`` (caller-provided keys win)."""
+    exists, refusing what could be stored but never read or projected (a lone surrogate anywhere; on a
+    conversation stream, a NUL character in a field the projection keeps as text: SPEC §15.3), and stamping the
+    current trace context into ``metadata`` (caller-provided keys win)."""
     trace: dict[str, str] = {}
     inject(trace)
     out: list[NewEvent] = []
+    if stream_id is not None and ("\x00" in stream_id or lone_surrogate_at(stream_id) is not None):
+        raise InvalidPayload("streamId holds a NUL character or a lone surrogate")
     for i, ev in enumerate(raw_events):
         name = event_contract(ev["type"])
         if name is not None:
@@ -67,6 +73,12 @@ def to_new_events(raw_events: list[dict[str, Any]], max_event_bytes: int) -> lis
             except InvalidPayload as exc:
                 raise InvalidPayload(f"events/{i} ({ev['type']}): {exc.message}",
                                      details={**(exc.details or {}), "eventIndex": i}) from exc
+        reason = unprojectable(LogEvent(0, stream_id or "", 0, ev["type"], ev["data"])) or (
+            f"{ev['type']}: {where} holds a lone UTF-16 surrogate (not encodable as UTF-8)"
+            if (where := lone_surrogate_at(ev.get("metadata", {}), "metadata")) is not None else None)
+        if reason is not None:
+            raise InvalidPayload(f"events/{i} ({ev['type']}): cannot be stored: {reason}",
+                                 details={"eventIndex": i})
         metadata = {**trace, **ev.get("metadata", {})}
         size = len(dumps(ev["data"]).encode()) + len(dumps(metadata).encode())
         if size > max_event_bytes:
@@ -117,7 +129,7 @@ def register(broker: NatsBroker, settings: Settings, store: EventStore, on_appen
     @rpc(broker, "ctx.persist.append", queue=QUEUE, max_workers=workers)
     async def append(payload: dict[str, Any]) -> dict[str, Any]:
         """Append events to a stream with optimistic concurrency; idempotent by event id."""
-        events = to_new_events(payload["events"], settings.max_event_bytes)
+        events = to_new_events(payload["events"], settings.max_event_bytes, payload["streamId"])
         result = await store.append(payload["streamId"], payload["expectedVersion"], events)
         if result["duplicates"] < len(events):
             on_appended()

@@ -170,7 +170,7 @@ def completed_events(payload: dict[str, Any], messages: Sequence[dict[str, Any]]
 
 
 class PersistLane:
-    def __init__(self, store: EventStore, blobs: LaneBlobs, to_events: Callable[[list[dict[str, Any]]], list],
+    def __init__(self, store: EventStore, blobs: LaneBlobs, to_events: Callable[[list[dict[str, Any]], str], list],
                  on_appended: Callable[[], None], *, promote_inflight_refs: bool = True,
                  event_budget: int = 48 * 1024) -> None:
         self.event_budget = event_budget  # messages' JSON per event, leaving room for metadata (trace context)
@@ -217,7 +217,8 @@ class PersistLane:
             events = completed_events(payload, small, self.event_budget)
             stream = conversation_stream(cid)
             try:
-                result = await self.store.append(stream, payload.get("expectedVersion"), self.to_events(events))
+                result = await self.store.append(stream, payload.get("expectedVersion"),
+                                                 self.to_events(events, stream))
             except (Conflict, InvalidPayload) as exc:
                 log.warning("complete-turn-refused", conversation=cid, turn=turn_id, code=exc.code,
                             error=exc.message[:300])

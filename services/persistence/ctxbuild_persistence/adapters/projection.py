@@ -24,11 +24,21 @@ from typing import Any
 import asyncpg
 import structlog
 from ctxbuild_platform.errors import NotFound
+from opentelemetry import metrics
 
 from ..domain.conversation import PathWindow
-from ..domain.projection import PROJECTION, Changes, ConvHead, Known, LogEvent, keys_of, project
+from ..domain.projection import (
+    PROJECTION,
+    Changes,
+    ConvHead,
+    Known,
+    LogEvent,
+    keys_of,
+    project,
+    unprojectable,
+)
 from .db import Database
-from .event_store import db_errors, dumps
+from .event_store import _CONNECTION_ERRORS, db_errors, dumps
 from .worker import WakeableWorker
 
 log = structlog.get_logger("projection")
@@ -56,6 +66,13 @@ SELECT position, stream_id, version, type, data FROM (
 WHERE before < $3
 ORDER BY position"""
 MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+# a no-op until the process configures a meter provider; the count is also in GET /projection
+PARKED_COUNTER = metrics.get_meter("ctxbuild.persistence").create_counter(
+    "ctxbuild.projection.parked_events", unit="{event}",
+    description="events the conversation projection could not apply and parked (persistence.parked_events)")
+# what a bad event can raise while being applied; connection errors are not among them (the batch is retried)
+_APPLY_ERRORS = (asyncpg.PostgresError, ValueError, TypeError, KeyError, AttributeError, UnicodeError)
 
 
 def _load(text: str | None) -> Any:
@@ -103,6 +120,46 @@ async def apply_batch(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> C
     return ch
 
 
+def _printable(text: str) -> str:
+    """A reason as storable text: no NUL, no lone surrogate (it may quote the bad value)."""
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")[:1000]
+
+
+async def apply_isolated(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> list[tuple[LogEvent, str]]:
+    """Project ``events`` like :func:`apply_batch`, parking the ones the projection cannot apply instead of
+    failing the batch (SPEC §15.3: one bad event must not stop the projection of every conversation). Known bad
+    shapes are found before writing (:func:`unprojectable`, also enforced at append time); anything else that
+    fails is found by applying the batch one event at a time, each in its own savepoint. Returns the parked
+    events with their reasons (written to ``persistence.parked_events`` in the caller's transaction)."""
+    parked = [(ev, reason) for ev in events if (reason := unprojectable(ev)) is not None]
+    skip = {ev.position for ev, _ in parked}
+    good = [ev for ev in events if ev.position not in skip]
+    if good:
+        try:
+            async with conn.transaction():  # a savepoint: a failure undoes this batch's rows only
+                await apply_batch(conn, good)
+        except _CONNECTION_ERRORS:
+            raise
+        except _APPLY_ERRORS:
+            for ev in good:
+                try:
+                    async with conn.transaction():
+                        await apply_batch(conn, [ev])
+                except _CONNECTION_ERRORS:
+                    raise
+                except _APPLY_ERRORS as exc:
+                    parked.append((ev, f"{ev.type}: {type(exc).__name__}: {exc}"))
+    if parked:
+        parked.sort(key=lambda p: p[0].position)
+        await conn.execute(
+            "INSERT INTO persistence.parked_events (position, event_id, stream_id, type, reason) "
+            "SELECT e.position, e.event_id, e.stream_id, e.type, x.r "
+            "FROM unnest($1::bigint[], $2::text[]) AS x(p, r) JOIN persistence.events e ON e.position = x.p "
+            "ON CONFLICT (position) DO NOTHING",
+            [ev.position for ev, _ in parked], [_printable(r) for _, r in parked])
+    return parked
+
+
 async def _write(conn: asyncpg.Connection, ch: Changes) -> None:
     if ch.heads:
         await conn.executemany(
@@ -117,15 +174,19 @@ async def _write(conn: asyncpg.Connection, ch: Changes) -> None:
               _dump_or_none(h.settings), h.last_message_id, h.message_count, h.attachment_count)
              for h in ch.heads.values()])
     if ch.messages:
+        bodies = [dumps(m.body) for m in ch.messages]  # stored as is; size_bytes is these bytes (migration 0004)
         await conn.execute(
             "INSERT INTO persistence.messages (conversation_id, message_id, seq, parent_id, role, turn_id, body, "
-            "usage, position) "
-            "SELECT c, id, s, p, r, t, b::json, u::json, pos FROM unnest($1::text[], $2::text[], $3::int[], "
-            "$4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[]) AS x(c, id, s, p, r, t, b, u, pos)",
+            "usage, position, size_bytes, clear_context) "
+            "SELECT c, id, s, p, r, t, b::json, u::json, pos, sz, cl FROM unnest($1::text[], $2::text[], $3::int[], "
+            "$4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::int[], $11::bool[]) "
+            "AS x(c, id, s, p, r, t, b, u, pos, sz, cl)",
             [m.conversation_id for m in ch.messages], [m.message_id for m in ch.messages],
             [m.seq for m in ch.messages], [m.parent_id for m in ch.messages], [m.role for m in ch.messages],
-            [m.turn_id for m in ch.messages], [dumps(m.body) for m in ch.messages],
-            [_dump_or_none(m.usage) for m in ch.messages], [m.position for m in ch.messages])
+            [m.turn_id for m in ch.messages], bodies,
+            [_dump_or_none(m.usage) for m in ch.messages], [m.position for m in ch.messages],
+            [m.size_bytes(b) for m, b in zip(ch.messages, bodies, strict=True)],
+            [m.clear_context for m in ch.messages])
     if ch.summaries:
         await conn.executemany(
             "INSERT INTO persistence.compaction_summaries (conversation_id, boundary_id, summary, turn_id, "
@@ -170,6 +231,7 @@ class Projector(WakeableWorker):
         self.max_backoff_s = max_backoff_s
         self.position = 0  # last tracking position this replica saw committed
         self.events_applied = 0  # by this replica (metrics, tests)
+        self.events_parked = 0  # by this replica; persistence.parked_events has them all
         self._progress = asyncio.Condition()
         self._waiters = 0
 
@@ -187,13 +249,19 @@ class Projector(WakeableWorker):
                 await self._advance(pos or 0)
                 return None
             events = await read_events(conn, pos, self.batch_size, self.batch_bytes)
+            parked: list[tuple[LogEvent, str]] = []
             if events:
-                ch = await apply_batch(conn, events)
-                pos = ch.last_position
+                parked = await apply_isolated(conn, events)
+                pos = events[-1].position
                 await conn.execute(
                     "UPDATE persistence.projection_tracking SET position = $2, updated_at = now(), last_error = NULL "
                     "WHERE name = $1", PROJECTION, pos)
-        self.events_applied += len(events)
+        self.events_applied += len(events) - len(parked)
+        for ev, reason in parked:  # committed: alert once per parked event
+            self.events_parked += 1
+            PARKED_COUNTER.add(1, {"event.type": ev.type})
+            log.error("projection-event-parked", position=ev.position, stream_id=ev.stream_id, event_type=ev.type,
+                      reason=_printable(reason))
         await self._advance(pos)
         return len(events)
 
@@ -216,6 +284,17 @@ class Projector(WakeableWorker):
             return False
         finally:
             self._waiters -= 1
+
+    async def status(self) -> dict[str, Any]:
+        """The projection's position, its last error and how many events it parked (GET /projection)."""
+        async with db_errors(), self.db.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT t.position, t.last_error, t.updated_at, (SELECT count(*) FROM persistence.parked_events) "
+                "AS parked FROM persistence.projection_tracking t WHERE t.name = $1", PROJECTION)
+        if row is None:
+            return {"projection": PROJECTION, "position": 0, "parkedEvents": 0, "lastError": None}
+        return {"projection": PROJECTION, "position": row["position"], "parkedEvents": row["parked"],
+                "lastError": row["last_error"], "updatedAt": row["updated_at"].isoformat()}
 
     async def _record_error(self, error: str) -> None:
         try:
@@ -331,9 +410,11 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
     window = window or PathWindow(max_bytes=1 << 62)
     async with db_errors(), db.pool.acquire() as conn, \
             conn.transaction(isolation="repeatable_read", readonly=True):
-        pos = await conn.fetchval("SELECT position FROM persistence.projection_tracking WHERE name = $1",
-                                  PROJECTION)
-        if pos is None or pos < at_least:
+        # a conversation with a parked event is not whole in the projection: its history is folded instead
+        tracking = await conn.fetchrow(
+            "SELECT position, EXISTS (SELECT 1 FROM persistence.parked_events WHERE stream_id = $2) AS parked "
+            "FROM persistence.projection_tracking WHERE name = $1", PROJECTION, f"conversation:{conversation_id}")
+        if tracking is None or tracking["position"] < at_least or tracking["parked"]:
             return None
         head = await conn.fetchrow(
             "SELECT version, title, last_message_id FROM persistence.conversations WHERE conversation_id = $1",
@@ -440,12 +521,13 @@ async def rebuild(db: Database, *, verify: bool = False, batch_size: int = 1000,
             before = await snapshot(conn)
             for table in reversed(TABLES):
                 await conn.execute(f"DELETE FROM persistence.{table}")
+            await conn.execute("DELETE FROM persistence.parked_events")
             pos, events_read = 0, 0
             while pos < live:
                 events = [e for e in await read_events(conn, pos, batch_size) if e.position <= live]
                 if not events:
                     break
-                await apply_batch(conn, events)
+                await apply_isolated(conn, events)
                 pos = events[-1].position
                 events_read += len(events)
             after = await snapshot(conn)
@@ -459,7 +541,7 @@ async def rebuild(db: Database, *, verify: bool = False, batch_size: int = 1000,
                 events = await read_events(conn, pos, batch_size)
                 if not events:
                     break
-                await apply_batch(conn, events)
+                await apply_isolated(conn, events)
                 pos = events[-1].position
                 events_read += len(events)
             await conn.execute(

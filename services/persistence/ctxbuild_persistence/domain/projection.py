@@ -16,6 +16,7 @@ event log gives the same rows as the live projector.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,20 @@ class MessageRow:
     body: dict[str, Any]
     usage: Any
     position: int
+
+    @property
+    def clear_context(self) -> bool:
+        """A clear-context marker (the turn-start walk stops there); as Postgres casts ``body->>'clearContext'``."""
+        value = self.body.get("clearContext")
+        return value is True or (not isinstance(value, bool) and value is not None and
+                                 str(value).strip().lower() in ("t", "true", "y", "yes", "on", "1"))
+
+    def size_bytes(self, body_text: str) -> int:
+        """The row's read cost: its body's JSON bytes plus the parts a content reference stands for."""
+        parts = self.body.get("parts")
+        ref = parts.get("contentRef") if isinstance(parts, Mapping) else None
+        extra = ref.get("size") if isinstance(ref, Mapping) else None
+        return len(body_text.encode("utf-8")) + (int(extra) if isinstance(extra, int) else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +242,58 @@ def _file_refs(cid: str, msg: Mapping[str, Any], position: int) -> list[FileRefR
     for uri, sha, call_id in persisted_uris_of(msg):
         rows.setdefault(("tool_output", uri), FileRefRow(cid, msg["id"], "tool_output", uri, sha, call_id, position))
     return list(rows.values())
+
+
+# ---------------------------------------------------------------- what can never be projected
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a valid pair is one code point once decoded
+# the projection's text columns, per row kind (Postgres text cannot hold NUL)
+_TEXT_FIELDS: dict[type, tuple[str, ...]] = {
+    ConvHead: ("conversation_id", "title", "last_message_id"),
+    MessageRow: ("message_id", "parent_id", "role", "turn_id"),
+    SummaryRow: ("boundary_id", "summary", "turn_id", "summarizer"),
+    AttachmentRow: ("handle", "sha256", "display_name", "media_type", "uri"),
+    FileRefRow: ("message_id", "kind", "ref", "sha256", "tool_call_id"),
+}
+
+
+def lone_surrogate_at(value: Any, where: str = "data") -> str | None:
+    """The path of the first string (key or value) holding a lone UTF-16 surrogate: such text cannot be encoded
+    as UTF-8, so no reader could ever get the event back."""
+    if isinstance(value, str):
+        return where if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if isinstance(k, str) and _LONE_SURROGATE.search(k):
+                return f"{where} (a key)"
+            if (found := lone_surrogate_at(v, f"{where}.{k}")) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if (found := lone_surrogate_at(v, f"{where}[{i}]")) is not None:
+                return found
+    return None
+
+
+def unprojectable(ev: LogEvent) -> str | None:
+    """Why the conversation projection can never apply ``ev`` (None: it can). Asked at append time (such an
+    event is refused) and by the projector (such an event is parked). Rows are stored as the projection makes
+    them: a NUL character in one of their text columns, a lone surrogate anywhere, or a shape the projection
+    cannot read is fatal; JSON columns (message bodies, settings) keep NUL characters as ``\\u0000``."""
+    if (where := lone_surrogate_at(ev.data)) is not None:
+        return f"{ev.type}: {where} holds a lone UTF-16 surrogate (not encodable as UTF-8)"
+    if conversation_of(ev.stream_id) is None:
+        return None
+    try:
+        ch = project([ev], {}, Known())
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return f"{ev.type}: malformed for the projection ({type(exc).__name__}: {exc})"[:500]
+    rows: list[Any] = [*ch.heads.values(), *ch.messages, *ch.summaries, *ch.attachments, *ch.file_refs]
+    for row in rows:
+        for name in _TEXT_FIELDS[type(row)]:
+            value = getattr(row, name)
+            if isinstance(value, str) and "\x00" in value:
+                return f"{ev.type}: a NUL character in {type(row).__name__}.{name} (a Postgres text column)"
+            if value is not None and not isinstance(value, str):
+                return f"{ev.type}: {type(row).__name__}.{name} is a {type(value).__name__}, not text"
+    return None
