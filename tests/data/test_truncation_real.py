@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from ctxbuild_blobclient import BlobClient
+from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import envelopes, inflight_threshold, marker, sha256_hex
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
@@ -145,13 +145,15 @@ async def run_turn(rpc, stack, tool: str, outputs: list[list[dict[str, Any]]], w
         h = await rpc.call("ctx.persist.history", {"conversationId": conversation})
         stored = next(m for m in h["messages"] if m["id"] == f"{tag}-t")["parts"]
         conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-        try:
-            data = await conn.fetchval("SELECT data::text FROM persistence.events WHERE event_id = $1",
-                                       uuid.UUID(event_id))
+        try:  # a large turn spreads over several small events; large parts travel by content reference
+            rows = await conn.fetch("SELECT data::text AS data FROM persistence.events WHERE stream_id = $1 "
+                                    "AND type = 'AssistantMessageCompleted'", f"conversation:{conversation}")
         finally:
             await conn.close()
-        row = next(m for m in json.loads(data)["messages"] if m["id"] == f"{tag}-t")
-        assert row["parts"] == stored  # the projection serves exactly the event's bytes
+        row = next(m for r in rows for m in json.loads(r["data"])["messages"] if m["id"] == f"{tag}-t")
+        if content_ref.is_ref(row["parts"]):
+            row = await content_ref.resolve_message(blobs, row, conversation)
+        assert row["parts"] == stored  # the projection serves exactly the event's content
         return stored
 
     # 1. the runner's way: the in-flight parts are stored as served

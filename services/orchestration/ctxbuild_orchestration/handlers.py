@@ -27,7 +27,7 @@ TERMINAL = {"TurnCompleted", "TurnFailed"}
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
           "provider-not-configured": 400, "unsupported-media": 415, "conflict": 409,
           "too-large": 413}
-REPLAY_INLINE_MAX_BYTES = 256 * 1024  # a larger replay script goes to the blob store (claim check) with the turn
+REPLAY_INLINE_MAX_BYTES = 32 * 1024  # a larger replay script goes to the blob store with the turn (events stay small)
 
 
 class ConversationSettings(BaseModel):
