@@ -23,7 +23,7 @@ from faststream.nats.fastapi import NatsRouter
 
 from .adapters.backends import Backends
 from .adapters.work_queue import ABORT_SUBJECT, Delivery, Heartbeat, QueueConfig, TurnQueue
-from .handlers import build_api, install_error_handlers
+from .handlers import EdgeLimits, build_api, install_error_handlers
 from .runner import TurnRunner, new_id
 from .tools import WebTools
 from .settings import Settings
@@ -169,7 +169,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router)
     if settings.role in ("all", "edge"):
         app.include_router(build_api(backends, queue, settings.sse_poll_s,
-                                     lambda spec: check_provider(spec, settings), settings.max_steps_limit))
+                                     lambda spec: check_provider(spec, settings), settings.max_steps_limit,
+                                     EdgeLimits.from_settings(settings)))
     app.state.broker = broker
     app.state.runner_loop = loop
     install_error_handlers(app)

@@ -4,30 +4,123 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+import structlog
 from ctxbuild_blobclient import content_ref
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
-from fastapi import APIRouter, FastAPI, File, Header, Request, Response, UploadFile
+from fastapi import (
+    APIRouter,
+    FastAPI,
+    File,
+    Header,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+    UploadFile,
+)
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from opentelemetry.propagate import inject
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message
 
 from .adapters import content
 from .adapters.backends import Backends, new_event
 from .adapters.work_queue import ABORT_SUBJECT, TurnQueue
 from .domain.results import full_output
-from .domain.turn_state import fold
+from .domain.turn_state import event_id, fold
 from .runner import DELTA_SUBJECT, new_id
+
+log = structlog.get_logger("edge")
 
 TERMINAL = {"TurnCompleted", "TurnFailed"}
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
           "provider-not-configured": 400, "unsupported-media": 415, "conflict": 409,
-          "too-large": 413}
+          "too-large": 413, "turn-in-progress": 409}
+# FastAPI/Starlette's own refusals (unknown route, wrong method, body over its limit, unparsable body), worded
+# in the API's error shape
+HTTP_CODES = {400: "invalid-payload", 404: "not-found", 405: "method-not-allowed", 413: "too-large",
+              415: "unsupported-media", 422: "invalid-payload"}
 REPLAY_INLINE_MAX_BYTES = 32 * 1024  # a larger replay script goes to the blob store with the turn (events stay small)
+
+# Path ids: what the service hands out (conv_…, turn_…, msg_…) and providers' tool call ids (call_…, toolu_…).
+# No spaces, slashes, NUL, `%` or leading dot (so never `..`); capped, so a 5,000-char id is a 422, not a 502.
+ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
+ID_MAX_CHARS = 128
+ConversationId = Annotated[str, Path(max_length=ID_MAX_CHARS, pattern=ID_PATTERN, description="conv_…")]
+TurnId = Annotated[str, Path(max_length=ID_MAX_CHARS, pattern=ID_PATTERN, description="turn_…")]
+MessageId = Annotated[str, Path(max_length=ID_MAX_CHARS, pattern=ID_PATTERN, description="msg_…")]
+ToolCallId = Annotated[str, Path(max_length=ID_MAX_CHARS, pattern=ID_PATTERN, description="the tool call's id")]
+
+# one running turn per conversation: the admissions stream (event TurnAdmitted, appended with expected version)
+ADMISSIONS_PREFIX = "conversation-turns:"
+# an admitted turn with no event yet after this long was abandoned by a crashed edge: it no longer holds the lock
+ADMISSION_GRACE_S = 60.0
+
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")  # NUL, or a surrogate (JSON pairs decode to one code point)
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    """Input limits of the HTTP edge (Settings ``max_*``): over one → 413 naming the limit."""
+
+    body_bytes: int = 64 * 1024 * 1024
+    attachment_bytes: int = 4 * 1024 * 1024 * 1024
+    title_chars: int = 1000
+    turn_text_bytes: int = 8 * 1024 * 1024
+    replay_script_bytes: int = 48 * 1024 * 1024
+    attachment_name_chars: int = 255
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> EdgeLimits:
+        return cls(body_bytes=settings.max_body_bytes, attachment_bytes=settings.max_attachment_bytes,
+                   title_chars=settings.max_title_chars, turn_text_bytes=settings.max_turn_text_bytes,
+                   replay_script_bytes=settings.max_replay_script_bytes,
+                   attachment_name_chars=settings.max_attachment_name_chars)
+
+
+def bad_text_at(value: Any, where: str) -> str | None:
+    """Where the first NUL character or lone surrogate is in a JSON value (keys included), or None. Neither can
+    be stored and read back as text (Postgres text refuses NUL, UTF-8 has no surrogates)."""
+    if isinstance(value, str):
+        if (m := _BAD_CHARS.search(value)) is not None:
+            what = "a NUL character" if m.group() == "\x00" else f"a lone surrogate (U+{ord(m.group()):04X})"
+            return f"{where} holds {what} at index {m.start()}"
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and _BAD_CHARS.search(k):
+                return f"a key of {where} holds a NUL character or a lone surrogate"
+            if (found := bad_text_at(v, f"{where}.{k}")) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if (found := bad_text_at(v, f"{where}[{i}]")) is not None:
+                return found
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: every string in it (keys too) is text that can be stored, at any depth."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        if (found := bad_text_at(data, "body")) is not None:
+            raise PydanticCustomError("unstorable_text", "{problem}, which is not accepted", {"problem": found})
+        return data
 
 
 class ConversationSettings(BaseModel):
@@ -37,13 +130,14 @@ class ConversationSettings(BaseModel):
     maxMessages: int | None = Field(None, ge=1)
     compressEnabled: bool = True
     mcpMode: Literal["manual", "auto", "disabled"] = "manual"
-    mcpServers: list[str] = Field(default_factory=list)
+    mcpServers: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(default_factory=list,
+                                                                                 max_length=100)
     webTools: bool = Field(True, description="offer the deployment's web tools (web_fetch, web_search) to the model")
     summarizer: Literal["extractive", "llm", "masking"] | None = Field(
         None, description="which summarizer folds (SPEC §10); null = the compaction service's default")
 
 
-class CreateConversation(BaseModel):
+class CreateConversation(RequestBody):
     title: str | None = None
     settings: ConversationSettings = Field(default_factory=ConversationSettings)
 
@@ -67,31 +161,31 @@ class OpenAISpec(BaseModel):
     """A real model behind the server's configured OpenAI-compatible endpoint (CTX_OPENAI_BASE_URL/API_KEY)."""
 
     kind: Literal["openai"]
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
 
 
 class AnthropicSpec(BaseModel):
     """A Claude model through the Messages API (CTX_ANTHROPIC_API_KEY, optional CTX_ANTHROPIC_BASE_URL)."""
 
     kind: Literal["anthropic"]
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
 
 
 ProviderSpec = Annotated[ReplaySpec | OpenAISpec | AnthropicSpec, Field(discriminator="kind")]
 
 
-class CreateTurn(BaseModel):
+class CreateTurn(RequestBody):
     text: str = Field(min_length=1)
     provider: ProviderSpec
     maxSteps: int | None = Field(None, ge=1, description="model calls this turn may make (default: the server's)")
 
 
-class Regenerate(BaseModel):
+class Regenerate(RequestBody):
     provider: ProviderSpec | None = Field(None, description="default: the regenerated turn's provider")
     maxSteps: int | None = Field(None, ge=1)
 
 
-class Abort(BaseModel):
+class Abort(RequestBody):
     reason: str | None = Field(None, max_length=500)
 
 
@@ -104,9 +198,79 @@ def error_response(exc: ServiceError) -> JSONResponse:
     return JSONResponse(exc.to_payload(), status_code=status)
 
 
+def terminal_failure(turn_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A TurnFailed with the turn's one terminal event id (as the runner's): written twice, stored once."""
+    return {"eventId": event_id(turn_id, "terminal"), "type": "TurnFailed", "data": data}
+
+
+def too_large(what: str, size: int, limit: int, unit: str, setting: str) -> ServiceError:
+    return ServiceError(f"{what} is {size:,} {unit}; this server accepts at most {limit:,} (CTX_{setting})",
+                        code="too-large", details={"size": size, "limit": limit})
+
+
+class ApiError(BaseModel):
+    """Every refusal of the API (typed service errors, request validation, the framework's own)."""
+
+    code: str = Field(description="invalid-payload, not-found, too-large, turn-in-progress, …")
+    message: str = Field(description="what was refused and why, for a person")
+    retryable: bool
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ApiError, "description": "not found"},
+    413: {"model": ApiError, "description": "the body or a field is over this server's limit (too-large)"},
+    422: {"model": ApiError, "description": "invalid input: shape, NUL characters, lone surrogates, malformed ids"},
+}
+TURN_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ApiError, "description": "turn-in-progress: the conversation's previous turn has not ended"}}
+
+
+class BodyTooLarge(HTTPException):
+    """Raised by the counting receive: FastAPI lets an HTTPException from body reading through as it is."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(413, f"the request body is over {limit:,} bytes, this server's limit (CTX_{setting})")
+
+
+def body_limited_route(limits: EdgeLimits) -> type[APIRoute]:
+    """Routes whose request body is limited while it is read: a declared Content-Length over the limit is
+    refused before reading anything, a chunked body as soon as the count passes it (413 ``too-large``, never the
+    whole body in memory first). Attachments stream to the blob store and have their own, larger limit."""
+
+    class BodyLimitedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Any]:
+            handler = super().get_route_handler()
+            attachments = self.path.endswith("/attachments")
+            limit = limits.attachment_bytes if attachments else limits.body_bytes
+            setting = "MAX_ATTACHMENT_BYTES" if attachments else "MAX_BODY_BYTES"
+
+            async def limited(request: Request) -> Response:
+                declared = request.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > limit:
+                    raise BodyTooLarge(limit, setting)
+                received = 0
+                receive = request.receive
+
+                async def counting() -> Message:
+                    nonlocal received
+                    message = await receive()
+                    if message["type"] == "http.request":
+                        received += len(message.get("body", b""))
+                        if received > limit:
+                            raise BodyTooLarge(limit, setting)
+                    return message
+
+                return await handler(Request(request.scope, counting, request._send))
+
+            return limited
+
+    return BodyLimitedRoute
+
+
 def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
-              check_provider: Callable[[dict[str, Any]], None], max_steps_limit: int) -> APIRouter:
-    api = APIRouter(prefix="/v1")
+              check_provider: Callable[[dict[str, Any]], None], max_steps_limit: int,
+              limits: EdgeLimits = EdgeLimits()) -> APIRouter:
+    api = APIRouter(prefix="/v1", route_class=body_limited_route(limits), responses=ERRORS)
 
     async def conversation_settings(conversation_id: str) -> dict[str, Any]:
         first = await backends.read_stream(f"conversation:{conversation_id}", 1, limit=1)
@@ -121,16 +285,26 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
             raise ServiceError(f"turn {turn_id} not found in conversation {conversation_id}", code="not-found")
         return st, events
 
-    async def provider_payload(conversation_id: str, turn_id: str, spec: BaseModel) -> dict[str, Any]:
-        """The provider as the turn command records it: never a secret; a large replay script by reference."""
+    def checked_provider(spec: BaseModel) -> tuple[dict[str, Any], str | None]:
+        """The provider spec as data (and a replay script's JSON), refused early: not configured, over the limit."""
         data = spec.model_dump(exclude_none=True)
         check_provider(data)
-        if data["kind"] == "replay":
-            raw = json.dumps({"script": data["script"], "tools": data.get("tools", [])}, ensure_ascii=False)
-            if len(raw.encode()) > REPLAY_INLINE_MAX_BYTES:
-                stored = await backends.blobs.put(raw, conversation_id, ("turn", turn_id), "tool_output",
-                                                  media_type="application/json")
-                return {"kind": "replay", "scriptRef": {"sha256": stored["sha256"], "size": stored["size"]}}
+        if data["kind"] != "replay":
+            return data, None
+        raw = json.dumps({"script": data["script"], "tools": data.get("tools", [])}, ensure_ascii=False)
+        if (size := len(raw.encode())) > limits.replay_script_bytes:
+            raise too_large("the replay script", size, limits.replay_script_bytes, "bytes of JSON",
+                            "MAX_REPLAY_SCRIPT_BYTES")
+        return data, raw
+
+    async def provider_payload(conversation_id: str, turn_id: str, checked: tuple[dict[str, Any], str | None]
+                               ) -> dict[str, Any]:
+        """The provider as the turn command records it: never a secret; a large replay script by reference."""
+        data, raw = checked
+        if raw is not None and len(raw.encode()) > REPLAY_INLINE_MAX_BYTES:
+            stored = await backends.blobs.put(raw, conversation_id, ("turn", turn_id), "tool_output",
+                                              media_type="application/json")
+            return {"kind": "replay", "scriptRef": {"sha256": stored["sha256"], "size": stored["size"]}}
         return data
 
     async def enqueue(conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
@@ -150,10 +324,55 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         try:
             await queue.submit(turn_id, conversation_id)
         except Exception as exc:
-            await backends.append(f"turn:{turn_id}", [new_event("TurnFailed", {
+            await backends.append(f"turn:{turn_id}", [terminal_failure(turn_id, {
                 "turnId": turn_id, "code": "unavailable", "message": "the work queue refused the turn",
                 "retryable": True})])
             raise ServiceError(f"the work queue is unavailable: {exc}", code="unavailable", retryable=True) from exc
+
+    async def stream_tail(stream: str) -> tuple[int, dict[str, Any] | None]:
+        """A stream's version and its last event (two small reads at most, whatever the stream's length)."""
+        head = await backends.read_stream(stream, 1, limit=1)
+        last = head["lastVersion"]
+        if not last:
+            return 0, None
+        page = head if last == 1 else await backends.read_stream(stream, last, limit=1)
+        return last, (page["events"][0] if page["events"] else None)
+
+    async def still_running(admitted: dict[str, Any]) -> bool:
+        """Has the turn of an admission not ended yet? (No event yet: being queued right now, unless abandoned.)"""
+        _, latest = await stream_tail(f"turn:{admitted['data']['turnId']}")
+        if latest is None:
+            at = datetime.fromisoformat(admitted["recordedAt"])
+            return (datetime.now(UTC) - at).total_seconds() < ADMISSION_GRACE_S
+        return latest["type"] not in TERMINAL
+
+    async def admit(conversation_id: str, turn_id: str, user_message_id: str,
+                    regenerate_of: str | None = None) -> None:
+        """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
+        ended, and the new admission is appended with the admissions stream's expected version — of concurrent
+        requests exactly one is admitted, the others get 409."""
+        stream = ADMISSIONS_PREFIX + conversation_id
+        version, previous = await stream_tail(stream)
+        if previous is not None and await still_running(previous):
+            raise turn_in_progress(conversation_id, previous["data"]["turnId"])
+        data = {"turnId": turn_id, "userMessageId": user_message_id}
+        if regenerate_of:
+            data["regenerateOf"] = regenerate_of
+        try:
+            await backends.append(stream, [new_event("TurnAdmitted", data)], expected=version)
+        except RemoteError as exc:
+            if exc.code == "version-conflict":  # another request was admitted between our read and our append
+                raise turn_in_progress(conversation_id, None) from exc
+            raise
+
+    async def abandon(turn_id: str, exc: BaseException) -> None:
+        """An admitted turn that could not be queued ends at once (its admission no longer holds the lock)."""
+        try:
+            await backends.append(f"turn:{turn_id}", [terminal_failure(turn_id, {
+                "turnId": turn_id, "code": "not-queued", "retryable": True,
+                "message": f"the turn was admitted but could not be queued: {type(exc).__name__}"})])
+        except Exception as err:  # noqa: BLE001 - the admission's grace period frees the conversation instead
+            log.warning("turn-not-abandoned", turn_id=turn_id, error=_safe(err))
 
     def accepted(conversation_id: str, turn_id: str, user_message_id: str) -> dict[str, Any]:
         return {"turnId": turn_id, "userMessageId": user_message_id,
@@ -161,6 +380,8 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.post("/conversations", status_code=201)
     async def create_conversation(body: CreateConversation) -> dict[str, Any]:
+        if body.title and len(body.title) > limits.title_chars:
+            raise too_large("the title", len(body.title), limits.title_chars, "characters", "MAX_TITLE_CHARS")
         cid = new_id("conv")
         data = {"conversationId": cid, "settings": body.settings.model_dump()}
         if body.title:
@@ -169,52 +390,88 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return {"id": cid, "settings": data["settings"]}
 
     @api.post("/conversations/{conversation_id}/attachments", status_code=201)
-    async def upload_attachment(conversation_id: str, file: UploadFile = File(...)) -> dict[str, Any]:
+    async def upload_attachment(conversation_id: ConversationId,
+                                file: Annotated[UploadFile, File()]) -> dict[str, Any]:
+        name = file.filename or "attachment.txt"
+        if (found := bad_text_at(name, "the file name")) is not None:
+            raise ServiceError(f"{found}, which is not accepted", code="invalid-payload")
+        if len(name) > limits.attachment_name_chars:
+            raise too_large("the file name", len(name), limits.attachment_name_chars, "characters",
+                            "MAX_ATTACHMENT_NAME_CHARS")
+        media = file.content_type or "text/plain"
+        if len(media) > 255 or bad_text_at(media, "the media type") is not None:
+            raise ServiceError("the part's Content-Type is not a media type", code="invalid-payload")
         await conversation_settings(conversation_id)
         async def pieces():
             # streamed to the blob store in chunks: an attachment of any size in bounded memory
             while piece := await file.read(256 * 1024):
                 yield piece
 
-        media = file.content_type or "text/plain"
-        stored = await backends.attach(conversation_id, file.filename or "attachment.txt", pieces(), media)
+        stored = await backends.attach(conversation_id, name, pieces(), media)
         attachment = {k: stored[k] for k in ("sha256", "handle", "displayName", "mediaType", "size", "uri")}
         await backends.append(f"conversation:{conversation_id}",
                               [new_event("AttachmentAdded", {"attachment": attachment})])
         return attachment
 
-    @api.post("/conversations/{conversation_id}/turns", status_code=202)
-    async def create_turn(conversation_id: str, body: CreateTurn) -> dict[str, Any]:
+    @api.post("/conversations/{conversation_id}/turns", status_code=202, responses=TURN_CONFLICT)
+    async def create_turn(conversation_id: ConversationId, body: CreateTurn) -> dict[str, Any]:
+        """409 ``turn-in-progress`` while the conversation's previous turn has not ended (one running turn per
+        conversation); the user message hangs under the conversation's latest message."""
+        if (size := len(body.text.encode())) > limits.turn_text_bytes:
+            raise too_large("the turn text", size, limits.turn_text_bytes, "bytes", "MAX_TURN_TEXT_BYTES")
+        if body.maxSteps is not None and body.maxSteps > max_steps_limit:
+            raise ServiceError(f"maxSteps {body.maxSteps} is above this server's limit {max_steps_limit}",
+                               code="invalid-payload")
+        checked = checked_provider(body.provider)
         cs = await conversation_settings(conversation_id)
         turn_id, msg_id = new_id("turn"), new_id("msg")
-        provider = await provider_payload(conversation_id, turn_id, body.provider)
-        hist = await backends.history(conversation_id)
-        parent = hist["messages"][-1]["id"] if hist["messages"] else None
-        message = {"id": msg_id, "parentId": parent, "role": "user", "parts": [{"type": "text", "text": body.text}]}
-        # large parts by reference (the event stays small), owned by the conversation: never collected
-        message = await content_ref.store_message_parts(backends.blobs, message, conversation_id,
-                                                        ("conversation", conversation_id), "tool_output")
-        await backends.append(f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})])
-        await enqueue(conversation_id, turn_id, msg_id, provider, cs, body.maxSteps)
+        await admit(conversation_id, turn_id, msg_id)
+        try:
+            provider = await provider_payload(conversation_id, turn_id, checked)
+            hist = await backends.history(conversation_id)
+            parent = hist["messages"][-1]["id"] if hist["messages"] else None
+            message = {"id": msg_id, "parentId": parent, "role": "user",
+                       "parts": [{"type": "text", "text": body.text}]}
+            # large parts by reference (the event stays small), owned by the conversation: never collected
+            message = await content_ref.store_message_parts(backends.blobs, message, conversation_id,
+                                                            ("conversation", conversation_id), "tool_output")
+            await backends.append(f"conversation:{conversation_id}",
+                                  [new_event("UserMessageAdded", {"message": message})])
+            await enqueue(conversation_id, turn_id, msg_id, provider, cs, body.maxSteps)
+        except BaseException as exc:
+            await asyncio.shield(abandon(turn_id, exc))
+            raise
         return accepted(conversation_id, turn_id, msg_id)
 
-    @api.post("/conversations/{conversation_id}/turns/{turn_id}/regenerate", status_code=202)
-    async def regenerate(conversation_id: str, turn_id: str, body: Regenerate | None = None) -> dict[str, Any]:
-        """A new turn over the same user message: its answer is a sibling branch of the regenerated one."""
+    @api.post("/conversations/{conversation_id}/turns/{turn_id}/regenerate", status_code=202,
+              responses=TURN_CONFLICT)
+    async def regenerate(conversation_id: ConversationId, turn_id: TurnId,
+                         body: Regenerate | None = None) -> dict[str, Any]:
+        """A new turn over the same user message: its answer is a sibling branch of the regenerated one. 409
+        ``turn-in-progress`` while a turn of the conversation is running (the regenerated one included)."""
         body = body or Regenerate()
+        checked = checked_provider(body.provider) if body.provider else None
         st, _ = await turn_state(conversation_id, turn_id)
         cs = await conversation_settings(conversation_id)
         new_turn = new_id("turn")
         cmd = st.command or {}
-        provider = (await provider_payload(conversation_id, new_turn, body.provider) if body.provider
-                    else cmd["provider"])
         max_steps = body.maxSteps if body.maxSteps is not None else cmd.get("maxSteps")
-        await enqueue(conversation_id, new_turn, cmd["userMessageId"], provider, cs, max_steps,
-                      regenerate_of=turn_id)
+        if max_steps is not None and max_steps > max_steps_limit:
+            raise ServiceError(f"maxSteps {max_steps} is above this server's limit {max_steps_limit}",
+                               code="invalid-payload")
+        await admit(conversation_id, new_turn, cmd["userMessageId"], regenerate_of=turn_id)
+        try:
+            provider = (await provider_payload(conversation_id, new_turn, checked) if checked
+                        else cmd["provider"])
+            await enqueue(conversation_id, new_turn, cmd["userMessageId"], provider, cs, max_steps,
+                          regenerate_of=turn_id)
+        except BaseException as exc:
+            await asyncio.shield(abandon(new_turn, exc))
+            raise
         return {**accepted(conversation_id, new_turn, cmd["userMessageId"]), "regenerateOf": turn_id}
 
     @api.post("/conversations/{conversation_id}/turns/{turn_id}/abort", status_code=202)
-    async def abort(conversation_id: str, turn_id: str, body: Abort | None = None) -> dict[str, Any]:
+    async def abort(conversation_id: ConversationId, turn_id: TurnId, body: Abort | None = None) -> dict[str, Any]:
         """Durable first (TurnAbortRequested, read by the runner at pick-up and when its next write finds it), then a
         wake-up for the replica running it."""
         st, _ = await turn_state(conversation_id, turn_id)
@@ -227,7 +484,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return {"turnId": turn_id, "status": "abort-requested"}
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
-    async def turn_events(conversation_id: str, turn_id: str, request: Request,
+    async def turn_events(conversation_id: ConversationId, turn_id: TurnId, request: Request,
                           last_event_id: str | None = Header(None), deltas: bool = True) -> Response:
         """The turn's events as SSE (``id`` = version, resumable with ``Last-Event-ID``), ending with the terminal
         one. With ``deltas`` (default) the model's text also streams in as ``TextDelta`` events (no ``id``: live
@@ -273,7 +530,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return EventSourceResponse(stream())
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}")
-    async def turn_log(conversation_id: str, turn_id: str) -> dict[str, Any]:
+    async def turn_log(conversation_id: ConversationId, turn_id: TurnId) -> dict[str, Any]:
         """Status and events; message parts, tool inputs and outputs held by reference are shown inline, a fold
         checkpoint's compacted prefix stays a reference (each step's served request shows what the model saw)."""
         st, events = await turn_state(conversation_id, turn_id)
@@ -286,7 +543,8 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return out
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/steps/{step}/request")
-    async def served_request(conversation_id: str, turn_id: str, step: int) -> Response:
+    async def served_request(conversation_id: ConversationId, turn_id: TurnId,
+                             step: Annotated[int, Path(ge=0, le=1_000_000)]) -> Response:
         """The request of one step exactly as the model saw it (the bytes whose sha256 is StepServed.requestHash)."""
         _, events = await turn_state(conversation_id, turn_id)
         served = next((e["data"] for e in events if e["type"] == "StepServed" and e["data"]["step"] == step), None)
@@ -301,14 +559,17 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                         headers={"X-Request-Hash": served["requestHash"], "ETag": f'"{served["requestHash"]}"'})
 
     @api.get("/conversations/{conversation_id}/messages")
-    async def messages(conversation_id: str, branches: bool = False, anchor: str | None = None) -> dict[str, Any]:
+    async def messages(conversation_id: ConversationId, branches: bool = False,
+                       anchor: Annotated[str | None, Query(max_length=ID_MAX_CHARS, pattern=ID_PATTERN)] = None
+                       ) -> dict[str, Any]:
         """The path from the root to ``anchor`` (default: the latest message); ``branches`` adds, for every path
         message with siblings (regenerated answers), the sibling ids — pass one as ``anchor`` to read that branch."""
         await conversation_settings(conversation_id)
         return await backends.history_all(conversation_id, anchor, branches)
 
     @api.get("/conversations/{conversation_id}/messages/{message_id}/results/{tool_call_id}")
-    async def tool_result(conversation_id: str, message_id: str, tool_call_id: str) -> dict[str, Any]:
+    async def tool_result(conversation_id: ConversationId, message_id: MessageId,
+                          tool_call_id: ToolCallId) -> dict[str, Any]:
         """A tool result read back in full for a UI: persisted envelopes are inflated by the blob store, in-flight
         offloads are read from their blobs; a result that was never trimmed is returned as stored."""
         # the path to the message (any branch) ends with the message itself
@@ -324,7 +585,42 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
     return api
 
 
+def turn_in_progress(conversation_id: str, turn_id: str | None) -> ServiceError:
+    which = f" ({turn_id})" if turn_id else ""
+    return ServiceError(f"conversation {conversation_id} has a turn in progress{which}: one turn runs per "
+                        "conversation at a time; wait for it to end (…/turns/{turnId}/events) or abort it",
+                        code="turn-in-progress", details={"turnId": turn_id} if turn_id else None)
+
+
+def _safe(text: Any) -> str:
+    """Text for an error message: a NUL or a lone surrogate from the input must not break the reply itself."""
+    return str(text).replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")[:300]
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    """Where and what, never the input itself (it may be megabytes)."""
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(_safe(x) for x in err.get("loc", ()))
+        parts.append(f"{where}: {_safe(err.get('msg', 'invalid'))}" if where else _safe(err.get("msg", "invalid")))
+    more = len(exc.errors()) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in the API's error shape ``{code, message, retryable}``: typed service errors, request
+    validation (422 ``invalid-payload``) and the framework's own (unknown route, body over its limit → 413)."""
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"code": "invalid-payload", "message": validation_message(exc), "retryable": False},
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
+        return JSONResponse({"code": code, "message": _safe(exc.detail), "retryable": exc.status_code >= 500},
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))

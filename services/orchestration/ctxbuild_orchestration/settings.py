@@ -31,3 +31,15 @@ class Settings(ServiceSettings, WebToolSettings):
     openai_api_key: SecretStr | None = Field(None, description="never defaulted; local servers accept any")
     anthropic_base_url: str | None = Field(None, description="unset = api.anthropic.com")
     anthropic_api_key: SecretStr | None = Field(None, description="never defaulted")
+
+    # edge input limits (SPEC §15.3): over them → 413 with the limit named, never a 5xx or an unreadable event
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a JSON request body, counted while read")
+    max_attachment_bytes: int = Field(
+        4 * 1024 * 1024 * 1024, ge=1024,
+        description="an attachment upload (its multipart body, streamed to the blob store)")
+    max_title_chars: int = Field(1000, ge=1, description="a conversation title")
+    max_turn_text_bytes: int = Field(
+        8 * 1024 * 1024, ge=1, description="a turn's user text (UTF-8); a large one is stored by content reference")
+    max_replay_script_bytes: int = Field(
+        48 * 1024 * 1024, ge=1, description="a replay provider's script + tools as JSON (over 256 KiB: a blob)")
+    max_attachment_name_chars: int = Field(255, ge=1, description="an attachment's file name")
