@@ -41,5 +41,5 @@ class Settings(ServiceSettings, WebToolSettings):
     max_turn_text_bytes: int = Field(
         8 * 1024 * 1024, ge=1, description="a turn's user text (UTF-8); a large one is stored by content reference")
     max_replay_script_bytes: int = Field(
-        48 * 1024 * 1024, ge=1, description="a replay provider's script + tools as JSON (over 256 KiB: a blob)")
+        48 * 1024 * 1024, ge=1, description="a replay provider's script + tools as JSON (over 32 KiB: a blob)")
     max_attachment_name_chars: int = Field(255, ge=1, description="an attachment's file name")
