@@ -422,8 +422,8 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         if body.maxSteps is not None and body.maxSteps > max_steps_limit:
             raise ServiceError(f"maxSteps {body.maxSteps} is above this server's limit {max_steps_limit}",
                                code="invalid-payload")
-        checked = checked_provider(body.provider)
         cs = await conversation_settings(conversation_id)
+        checked = checked_provider(body.provider)
         turn_id, msg_id = new_id("turn"), new_id("msg")
         await admit(conversation_id, turn_id, msg_id)
         try:
@@ -450,9 +450,9 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         """A new turn over the same user message: its answer is a sibling branch of the regenerated one. 409
         ``turn-in-progress`` while a turn of the conversation is running (the regenerated one included)."""
         body = body or Regenerate()
-        checked = checked_provider(body.provider) if body.provider else None
         st, _ = await turn_state(conversation_id, turn_id)
         cs = await conversation_settings(conversation_id)
+        checked = checked_provider(body.provider) if body.provider else None
         new_turn = new_id("turn")
         cmd = st.command or {}
         max_steps = body.maxSteps if body.maxSteps is not None else cmd.get("maxSteps")
