@@ -53,12 +53,14 @@ async def test_a_turn_is_one_trace_across_the_services(stack, services):
         await backends.append(f"turn:{tid}", [new_event("TurnQueued", {
             "turnId": tid, "conversationId": cid, "userMessageId": uid, "trace": carrier,
             "settings": {"contextWindow": 16000, "mcpMode": "disabled"},
-            "provider": {"kind": "replay", "script": script,
+            # the recorded output is larger than an event may be: the script travels beside the event, as the
+            # edge's blob reference does (the factory below is what resolves it)
+            "provider": {"kind": "replay", "scriptRef": {"sha256": "0" * 64, "size": len(big)},
                          "tools": [{"name": "bash", "description": "run", "inputSchema": {"type": "object"}}]}})],
             expected=0)
 
         async def make(spec, _cid, _tid):
-            return ReplayProvider(spec["script"], tools=spec["tools"])
+            return ReplayProvider(script, tools=spec["tools"])
 
         runner = TurnRunner(backends, make, keep_requests=True)
         assert await runner.run(tid) == "completed"
