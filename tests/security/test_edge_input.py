@@ -18,7 +18,7 @@ from ctxbuild_devstack import SERVICES
 from ctxbuild_persistence.adapters.event_store import APPEND_LOCK
 from ctxbuild_platform.errors import RemoteError
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
 MiB = 1024 * 1024
 TURN_TEXT_LIMIT = 8 * MiB  # the orchestration defaults (Settings.max_*)
