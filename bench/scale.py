@@ -16,7 +16,7 @@ with fsync on, SeaweedFS S3 and the six services as processes). Nothing is mocke
    through the HTTP API (its turn-start compaction folds the old history into a stored summary, as the first turn
    after a long history does). ``turn_start_ms`` is then the median round trip of ``ctx.compact.turn_start`` for
    the conversation's latest message over ``--repeats`` calls (the call every turn makes first: history read,
-   decision, the stored summary reused). ``turn_start_growth`` = ms at 10,000 / ms at 1,000 (target ≤ 2.0).
+   decision, the stored summary reused), the two sizes' calls interleaved so both see the same machine load. ``turn_start_growth`` = ms at 10,000 / ms at 1,000 (target ≤ 2.0).
    The first, folding turn start is reported too (``first_turn_start_ms``): it reads what it folds.
 3. ``max_event_bytes``: the largest stored event (octet length of data + metadata JSON) in persistence.events
    after everything above (target ≤ 65,536). ``bricked_conversations``: conversations where any read or new turn
@@ -211,28 +211,41 @@ async def seed(rpc: RpcClient, cid: str, messages: int, progress: Progress) -> s
     return parent or ""
 
 
-async def turn_start(api: Api, rpc: RpcClient, messages: int, repeats: int, progress: Progress) -> dict[str, Any]:
+async def prepared(api: Api, rpc: RpcClient, messages: int, progress: Progress) -> dict[str, Any]:
+    """A conversation of ``messages`` seeded messages whose first real turn has folded the old history."""
     cid = await api.conversation(f"history-{messages}")
     await seed(rpc, cid, messages, progress)
     t0 = time.perf_counter()
     _, events = await api.turn(cid, "what changed since yesterday?", [{"text": "nothing new"}])
     first_ms = next((e["data"].get("durationMs") for e in events if e["type"] == "CompactionDecided"
                      and e["data"].get("phase") == "turn-start"), None)
-    first_turn_s = time.perf_counter() - t0
-    leaf = (await api.messages(cid))[-1]["id"]
+    return {"cid": cid, "leaf": (await api.messages(cid))[-1]["id"], "historyMessages": messages + 2,
+            "first_turn_start_ms": first_ms, "first_turn_seconds": round(time.perf_counter() - t0, 2)}
+
+
+async def turn_starts(api: Api, rpc: RpcClient, sizes: list[int], repeats: int, progress: Progress
+                      ) -> dict[str, dict[str, Any]]:
+    """Turn-start round trips for each history size, interleaved call by call (1k, 10k, 1k, 10k, …) so that
+    both see the same machine load; the median of each."""
+    convs = {n: await prepared(api, rpc, n, progress) for n in sizes}
     settings = {"contextWindow": WINDOW, "compressEnabled": True}
-    times: list[float] = []
-    decisions: list[str] = []
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    replies: dict[int, dict[str, Any]] = {}
+    task = progress.add_task("turn start: interleaved calls", total=repeats * len(sizes))
     for _ in range(repeats):
-        t = time.perf_counter()
-        reply = await rpc.call("ctx.compact.turn_start", {"conversationId": cid, "anchorId": leaf,
-                                                          "settings": settings}, timeout=300)
-        times.append((time.perf_counter() - t) * 1000)
-        decisions.append(reply["decision"]["status"])
-    return {"historyMessages": messages + 2, "turn_start_ms": round(statistics.median(times), 2),
-            "turn_start_ms_all": [round(x, 2) for x in times], "decisions": sorted(set(decisions)),
-            "first_turn_start_ms": first_ms, "first_turn_seconds": round(first_turn_s, 2), "servedMessages":
-            len(reply["messages"])}
+        for n in sizes:
+            c = convs[n]
+            t = time.perf_counter()
+            replies[n] = await rpc.call("ctx.compact.turn_start", {"conversationId": c["cid"], "anchorId": c["leaf"],
+                                                                   "settings": settings}, timeout=300)
+            times[n].append((time.perf_counter() - t) * 1000)
+            progress.advance(task)
+    return {str(n): {"historyMessages": convs[n]["historyMessages"],
+                     "turn_start_ms": round(statistics.median(times[n]), 2),
+                     "turn_start_ms_all": [round(x, 2) for x in times[n]],
+                     "decision": replies[n]["decision"]["status"], "servedMessages": len(replies[n]["messages"]),
+                     "first_turn_start_ms": convs[n]["first_turn_start_ms"],
+                     "first_turn_seconds": convs[n]["first_turn_seconds"]} for n in sizes}
 
 
 # ---------------------------------------------------------------- 3. events
@@ -262,9 +275,7 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     try:
         with Progress(*cols) as progress:
             out["volume"] = await volume(api, args.turns, progress)
-            small = await turn_start(api, rpc, 1_000, args.repeats, progress)
-            large = await turn_start(api, rpc, 10_000, args.repeats, progress)
-        out["turnStart"] = {"1000": small, "10000": large}
+            out["turnStart"] = await turn_starts(api, rpc, [1_000, 10_000], args.repeats, progress)
         out["events"] = await largest_event(stack.env["CTX_DATABASE_URL"])
     finally:
         await api.aclose()
@@ -286,7 +297,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale.json")
     ap.add_argument("--turns", type=int, default=50, help="turns of the volume conversation")
-    ap.add_argument("--repeats", type=int, default=7, help="turn-start calls measured per history size")
+    ap.add_argument("--repeats", type=int, default=21, help="turn-start calls measured per history size")
     args = ap.parse_args()
     load_before = os.getloadavg()
     t0 = time.perf_counter()

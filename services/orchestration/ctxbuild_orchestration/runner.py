@@ -39,7 +39,7 @@ from opentelemetry.propagate import extract
 from .adapters import content
 from .adapters.backends import Backends
 from .domain.arguments import argument_error, invalid_arguments_output
-from .domain.steps import tool_result
+from .domain.steps import storable, tool_result
 from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
 
@@ -397,6 +397,7 @@ class TurnRunner:
                 rec.requested.add(call["toolCallId"])
             with span("tool", **{"ctx.tool": call["toolName"], "ctx.step": step}):
                 output, effective = await self._execute(conversation_id, st.turn_id, call, box, provider)
+            output = storable(output)
             results.append(tool_result(call, output, effective))
         if not results:
             return
