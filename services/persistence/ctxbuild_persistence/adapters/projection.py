@@ -426,6 +426,9 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
         messages: list[dict[str, Any]] = []
         start, cleared = "root", False
         if anchor is not None:
+            # a cached generic plan of the walk knows no conversation: it hashes every message of the average
+            # conversation on each step (O(history)); a plan made for these values walks the primary key
+            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
             rows = await conn.fetch(_PATH, conversation_id, anchor, window.max_bytes, window.stop_at_summary,
                                     window.max_messages)
             if not rows:
