@@ -23,10 +23,11 @@ from faststream.nats.fastapi import NatsRouter
 
 from .adapters.backends import Backends
 from .adapters.work_queue import ABORT_SUBJECT, Delivery, Heartbeat, QueueConfig, TurnQueue
+from .auth import AuthConfig, Authenticator
 from .handlers import EdgeLimits, build_api, install_error_handlers
 from .runner import TurnRunner, new_id
-from .tools import WebTools
 from .settings import Settings
+from .tools import WebTools
 
 log = structlog.get_logger("orchestration")
 
@@ -167,13 +168,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="HTTP/SSE edge of ctxbuild: conversations, attachments, turns (durable, resumable), "
                               "progress, served requests, tool-result read-back.")
     app.include_router(router)
+    auth = Authenticator(AuthConfig.from_settings(settings), backends.read_stream_all)
     if settings.role in ("all", "edge"):
         app.include_router(build_api(backends, queue, settings.sse_poll_s,
                                      lambda spec: check_provider(spec, settings), settings.max_steps_limit,
-                                     EdgeLimits.from_settings(settings)))
+                                     EdgeLimits.from_settings(settings), auth))
     app.state.broker = broker
     app.state.runner_loop = loop
-    install_error_handlers(app)
+    install_error_handlers(app, auth)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

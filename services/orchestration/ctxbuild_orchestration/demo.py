@@ -112,10 +112,18 @@ def _env_url(stack_dir: Path) -> str:
     return env["CTX_ORCHESTRATION_HTTP"]
 
 
-def run_demo(base_url: str, out: Console = console, model: str | None = None) -> dict[str, Any]:
+def _stack_key(stack_dir: Path) -> str:
+    """The local stack's API key (written by `make up` to <dir>/api-key)."""
+    path = stack_dir / "api-key"
+    if not path.is_file():
+        raise SystemExit(f"no API key in {path}: start the stack with `make up`, or pass --api-key / CTXBUILD_API_KEY")
+    return path.read_text().strip()
+
+
+def run_demo(base_url: str, out: Console = console, model: str | None = None, *, api_key: str) -> dict[str, Any]:
     """Replay by default; with `model`, the same user turns go to the server's OpenAI-compatible endpoint."""
     rows: list[dict[str, Any]] = []
-    with httpx.Client(base_url=base_url, timeout=120) as http:
+    with httpx.Client(base_url=base_url, timeout=120, headers={"Authorization": f"Bearer {api_key}"}) as http:
         conv = http.post("/v1/conversations", json={
             "title": "offline demo", "settings": {"contextWindow": WINDOW, "mcpServers": ["time"]}})
         conv.raise_for_status()
@@ -204,9 +212,11 @@ def main(url: Annotated[str | None, typer.Option(help="orchestration base URL")]
          stack_dir: Annotated[Path, typer.Option("--dir")] = Path(".stack"),
          json_out: Annotated[Path | None, typer.Option("--json")] = None,
          model: Annotated[str | None, typer.Option(help="a model on the server's OpenAI-compatible endpoint "
-                                                        "instead of the replayed decisions")] = None) -> None:
+                                                        "instead of the replayed decisions")] = None,
+         api_key: Annotated[str | None, typer.Option(envvar="CTXBUILD_API_KEY",
+                                                     help="default: the local stack's <dir>/api-key")] = None) -> None:
     """Run the offline demo against a running stack (make up)."""
-    summary = run_demo(url or _env_url(stack_dir), model=model)
+    summary = run_demo(url or _env_url(stack_dir), model=model, api_key=api_key or _stack_key(stack_dir))
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2))
 

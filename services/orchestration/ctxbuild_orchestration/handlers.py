@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import re
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
 from fastapi import (
     APIRouter,
+    Depends,
     FastAPI,
     File,
     Header,
@@ -29,6 +31,7 @@ from fastapi import (
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.security import APIKeyHeader, HTTPBearer
 from opentelemetry.propagate import inject
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -39,6 +42,16 @@ from starlette.types import Message
 from .adapters import content
 from .adapters.backends import Backends, new_event
 from .adapters.work_queue import ABORT_SUBJECT, TurnQueue
+from .auth import (
+    KEY_INDEX,
+    KEY_STREAM,
+    LEGACY_TENANT,
+    TENANT_PATTERN,
+    Authenticator,
+    Principal,
+    credential_of,
+    new_key,
+)
 from .domain.results import full_output
 from .domain.turn_state import event_id, fold
 from .runner import DELTA_SUBJECT, new_id
@@ -51,8 +64,9 @@ STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "un
           "too-large": 413, "turn-in-progress": 409}
 # FastAPI/Starlette's own refusals (unknown route, wrong method, body over its limit, unparsable body), worded
 # in the API's error shape
-HTTP_CODES = {400: "invalid-payload", 404: "not-found", 405: "method-not-allowed", 413: "too-large",
-              415: "unsupported-media", 422: "invalid-payload"}
+HTTP_CODES = {400: "invalid-payload", 401: "unauthenticated", 403: "forbidden", 404: "not-found",
+              405: "method-not-allowed", 413: "too-large", 415: "unsupported-media", 422: "invalid-payload",
+              429: "rate-limited"}
 REPLAY_INLINE_MAX_BYTES = 32 * 1024  # a larger replay script goes to the blob store with the turn (events stay small)
 
 # Path ids: what the service hands out (conv_…, turn_…, msg_…) and providers' tool call ids (call_…, toolu_…).
@@ -217,9 +231,12 @@ class ApiError(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ApiError, "description": "unauthenticated: no credential, or an invalid, revoked or expired one"},
     404: {"model": ApiError, "description": "not found"},
     413: {"model": ApiError, "description": "the body or a field is over this server's limit (too-large)"},
     422: {"model": ApiError, "description": "invalid input: shape, NUL characters, lone surrogates, malformed ids"},
+    429: {"model": ApiError, "description": "rate-limited: over the credential's requests per second or running "
+                                            "turns (Retry-After)"},
 }
 TURN_CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ApiError, "description": "turn-in-progress: the conversation's previous turn has not ended"}}
@@ -232,10 +249,12 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body is over {limit:,} bytes, this server's limit (CTX_{setting})")
 
 
-def body_limited_route(limits: EdgeLimits) -> type[APIRoute]:
-    """Routes whose request body is limited while it is read: a declared Content-Length over the limit is
-    refused before reading anything, a chunked body as soon as the count passes it (413 ``too-large``, never the
-    whole body in memory first). Attachments stream to the blob store and have their own, larger limit."""
+def body_limited_route(limits: EdgeLimits, auth: Authenticator | None = None) -> type[APIRoute]:
+    """Routes that authenticate first, then read a limited body. The credential is verified and its rate
+    checked before anything else (401/429: nothing about the route, its ids or the body is looked at for an
+    unauthenticated caller); then a declared Content-Length over the limit is refused before reading anything, a
+    chunked body as soon as the count passes it (413 ``too-large``, never the whole body in memory first).
+    Attachments stream to the blob store and have their own, larger limit."""
 
     class BodyLimitedRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Any]:
@@ -245,6 +264,10 @@ def body_limited_route(limits: EdgeLimits) -> type[APIRoute]:
             setting = "MAX_ATTACHMENT_BYTES" if attachments else "MAX_BODY_BYTES"
 
             async def limited(request: Request) -> Response:
+                if auth is not None:
+                    who = await auth.authenticate(credential_of(request))
+                    auth.check_rate(who)
+                    request.scope.setdefault("state", {})["principal"] = who
                 declared = request.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > limit:
                     raise BodyTooLarge(limit, setting)
@@ -267,18 +290,52 @@ def body_limited_route(limits: EdgeLimits) -> type[APIRoute]:
     return BodyLimitedRoute
 
 
+_BEARER = HTTPBearer(auto_error=False, description="an API key (ctx_…) or an OIDC access token")
+_API_KEY = APIKeyHeader(name="x-api-key", auto_error=False, description="an API key (ctx_…)")
+
+
+async def caller(request: Request, _bearer: Annotated[Any, Depends(_BEARER)],
+                 _key: Annotated[Any, Depends(_API_KEY)]) -> Principal:
+    """The authenticated caller (verified by the route class before the body is read)."""
+    return request.state.principal
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def conversation_not_found(conversation_id: str) -> ServiceError:
+    """The one answer for a conversation that does not exist and for another tenant's (no oracle)."""
+    return ServiceError(f"conversation {conversation_id} not found", code="not-found")
+
+
+class CreateKey(RequestBody):
+    tenantId: str = Field(min_length=1, max_length=128, pattern=TENANT_PATTERN)
+    name: str | None = Field(None, max_length=200)
+    admin: bool = Field(False, description="may manage keys (/v1/keys)")
+    requestsPerSecond: int | None = Field(None, ge=1, le=100_000, description="default: the server's")
+    maxRunningTurns: int | None = Field(None, ge=1, le=10_000, description="default: the server's")
+
+
 def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
               check_provider: Callable[[dict[str, Any]], None], max_steps_limit: int,
-              limits: EdgeLimits = EdgeLimits()) -> APIRouter:
-    api = APIRouter(prefix="/v1", route_class=body_limited_route(limits), responses=ERRORS)
+              limits: EdgeLimits = EdgeLimits(), auth: Authenticator | None = None) -> APIRouter:
+    if auth is None:
+        raise ValueError("the API needs an Authenticator")
+    api = APIRouter(prefix="/v1", route_class=body_limited_route(limits, auth), responses=ERRORS,
+                    dependencies=[Depends(caller)])
 
-    async def conversation_settings(conversation_id: str) -> dict[str, Any]:
+    async def conversation_settings(conversation_id: str, who: Principal) -> dict[str, Any]:
+        """The conversation's settings, if it exists and belongs to the caller's tenant (else the same 404)."""
         first = await backends.read_stream(f"conversation:{conversation_id}", 1, limit=1)
         if not first["events"] or first["events"][0]["type"] != "ConversationCreated":
-            raise ServiceError(f"conversation {conversation_id} not found", code="not-found")
-        return first["events"][0]["data"].get("settings", {})
+            raise conversation_not_found(conversation_id)
+        data = first["events"][0]["data"]
+        if not hmac.compare_digest(str(data.get("tenantId", LEGACY_TENANT)).encode(), who.tenant.encode()):
+            raise conversation_not_found(conversation_id)
+        return data.get("settings", {})
 
-    async def turn_state(conversation_id: str, turn_id: str):
+    async def turn_state(conversation_id: str, turn_id: str, who: Principal):
+        await conversation_settings(conversation_id, who)
         events = await backends.read_stream_all(f"turn:{turn_id}")
         st = fold(turn_id, events)
         if st.command is None or st.command.get("conversationId") != conversation_id:
@@ -365,6 +422,20 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                 raise turn_in_progress(conversation_id, None) from exc
             raise
 
+    async def admit_for(who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
+                        regenerate_of: str | None = None) -> None:
+        """The caller's running-turn limit (429), then the conversation's one running turn (409)."""
+        async def running(t: str) -> bool:
+            _, latest = await stream_tail(f"turn:{t}")
+            return latest is None or latest["type"] not in TERMINAL
+
+        await auth.admit_turn(who, turn_id, running)
+        try:
+            await admit(conversation_id, turn_id, user_message_id, regenerate_of)
+        except BaseException:
+            auth.turn_not_started(who, turn_id)
+            raise
+
     async def abandon(turn_id: str, exc: BaseException) -> None:
         """An admitted turn that could not be queued ends at once (its admission no longer holds the lock)."""
         try:
@@ -379,11 +450,11 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                 "events": f"/v1/conversations/{conversation_id}/turns/{turn_id}/events"}
 
     @api.post("/conversations", status_code=201)
-    async def create_conversation(body: CreateConversation) -> dict[str, Any]:
+    async def create_conversation(body: CreateConversation, who: Caller) -> dict[str, Any]:
         if body.title and len(body.title) > limits.title_chars:
             raise too_large("the title", len(body.title), limits.title_chars, "characters", "MAX_TITLE_CHARS")
         cid = new_id("conv")
-        data = {"conversationId": cid, "settings": body.settings.model_dump()}
+        data = {"conversationId": cid, "tenantId": who.tenant, "settings": body.settings.model_dump()}
         if body.title:
             data["title"] = body.title
         await backends.append(f"conversation:{cid}", [new_event("ConversationCreated", data)], expected=0)
@@ -391,7 +462,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     @api.post("/conversations/{conversation_id}/attachments", status_code=201)
     async def upload_attachment(conversation_id: ConversationId,
-                                file: Annotated[UploadFile, File()]) -> dict[str, Any]:
+                                file: Annotated[UploadFile, File()], who: Caller) -> dict[str, Any]:
         name = file.filename or "attachment.txt"
         if (found := bad_text_at(name, "the file name")) is not None:
             raise ServiceError(f"{found}, which is not accepted", code="invalid-payload")
@@ -401,7 +472,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         media = file.content_type or "text/plain"
         if len(media) > 255 or bad_text_at(media, "the media type") is not None:
             raise ServiceError("the part's Content-Type is not a media type", code="invalid-payload")
-        await conversation_settings(conversation_id)
+        await conversation_settings(conversation_id, who)
         async def pieces():
             # streamed to the blob store in chunks: an attachment of any size in bounded memory
             while piece := await file.read(256 * 1024):
@@ -414,7 +485,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return attachment
 
     @api.post("/conversations/{conversation_id}/turns", status_code=202, responses=TURN_CONFLICT)
-    async def create_turn(conversation_id: ConversationId, body: CreateTurn) -> dict[str, Any]:
+    async def create_turn(conversation_id: ConversationId, body: CreateTurn, who: Caller) -> dict[str, Any]:
         """409 ``turn-in-progress`` while the conversation's previous turn has not ended (one running turn per
         conversation); the user message hangs under the conversation's latest message."""
         if (size := len(body.text.encode())) > limits.turn_text_bytes:
@@ -422,10 +493,10 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         if body.maxSteps is not None and body.maxSteps > max_steps_limit:
             raise ServiceError(f"maxSteps {body.maxSteps} is above this server's limit {max_steps_limit}",
                                code="invalid-payload")
-        cs = await conversation_settings(conversation_id)
+        cs = await conversation_settings(conversation_id, who)
         checked = checked_provider(body.provider)
         turn_id, msg_id = new_id("turn"), new_id("msg")
-        await admit(conversation_id, turn_id, msg_id)
+        await admit_for(who, conversation_id, turn_id, msg_id)
         try:
             provider = await provider_payload(conversation_id, turn_id, checked)
             hist = await backends.history(conversation_id)
@@ -446,12 +517,12 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
     @api.post("/conversations/{conversation_id}/turns/{turn_id}/regenerate", status_code=202,
               responses=TURN_CONFLICT)
     async def regenerate(conversation_id: ConversationId, turn_id: TurnId,
-                         body: Regenerate | None = None) -> dict[str, Any]:
+                         who: Caller, body: Regenerate | None = None) -> dict[str, Any]:
         """A new turn over the same user message: its answer is a sibling branch of the regenerated one. 409
         ``turn-in-progress`` while a turn of the conversation is running (the regenerated one included)."""
         body = body or Regenerate()
-        st, _ = await turn_state(conversation_id, turn_id)
-        cs = await conversation_settings(conversation_id)
+        st, _ = await turn_state(conversation_id, turn_id, who)
+        cs = await conversation_settings(conversation_id, who)
         checked = checked_provider(body.provider) if body.provider else None
         new_turn = new_id("turn")
         cmd = st.command or {}
@@ -459,7 +530,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         if max_steps is not None and max_steps > max_steps_limit:
             raise ServiceError(f"maxSteps {max_steps} is above this server's limit {max_steps_limit}",
                                code="invalid-payload")
-        await admit(conversation_id, new_turn, cmd["userMessageId"], regenerate_of=turn_id)
+        await admit_for(who, conversation_id, new_turn, cmd["userMessageId"], regenerate_of=turn_id)
         try:
             provider = (await provider_payload(conversation_id, new_turn, checked) if checked
                         else cmd["provider"])
@@ -471,10 +542,11 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return {**accepted(conversation_id, new_turn, cmd["userMessageId"]), "regenerateOf": turn_id}
 
     @api.post("/conversations/{conversation_id}/turns/{turn_id}/abort", status_code=202)
-    async def abort(conversation_id: ConversationId, turn_id: TurnId, body: Abort | None = None) -> dict[str, Any]:
+    async def abort(conversation_id: ConversationId, turn_id: TurnId, who: Caller,
+                    body: Abort | None = None) -> dict[str, Any]:
         """Durable first (TurnAbortRequested, read by the runner at pick-up and when its next write finds it), then a
         wake-up for the replica running it."""
-        st, _ = await turn_state(conversation_id, turn_id)
+        st, _ = await turn_state(conversation_id, turn_id, who)
         if st.done:
             raise ServiceError(f"turn {turn_id} already ended ({st.terminal['type']})", code="conflict")
         reason = (body.reason if body else None) or "requested by the client"
@@ -484,13 +556,13 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return {"turnId": turn_id, "status": "abort-requested"}
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")
-    async def turn_events(conversation_id: ConversationId, turn_id: TurnId, request: Request,
+    async def turn_events(conversation_id: ConversationId, turn_id: TurnId, request: Request, who: Caller,
                           last_event_id: str | None = Header(None), deltas: bool = True) -> Response:
         """The turn's events as SSE (``id`` = version, resumable with ``Last-Event-ID``), ending with the terminal
         one. With ``deltas`` (default) the model's text also streams in as ``TextDelta`` events (no ``id``: live
         only, never replayed — the step's assistant message is the record)."""
         start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 1
-        st, _ = await turn_state(conversation_id, turn_id)
+        st, _ = await turn_state(conversation_id, turn_id, who)
         if st.done and start > st.version:
             return Response(status_code=204)  # the turn ended and the client has seen every event: nothing to stream
         live: asyncio.Queue[bytes] = asyncio.Queue(maxsize=10_000)
@@ -530,10 +602,10 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return EventSourceResponse(stream())
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}")
-    async def turn_log(conversation_id: ConversationId, turn_id: TurnId) -> dict[str, Any]:
+    async def turn_log(conversation_id: ConversationId, turn_id: TurnId, who: Caller) -> dict[str, Any]:
         """Status and events; message parts, tool inputs and outputs held by reference are shown inline, a fold
         checkpoint's compacted prefix stays a reference (each step's served request shows what the model saw)."""
-        st, events = await turn_state(conversation_id, turn_id)
+        st, events = await turn_state(conversation_id, turn_id, who)
         events = await content.present_events(backends.blobs, events, conversation_id)
         status = ("completed" if st.terminal and st.terminal["type"] == "TurnCompleted" else
                   "failed" if st.terminal else "running" if st.started else "queued")
@@ -543,10 +615,10 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         return out
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/steps/{step}/request")
-    async def served_request(conversation_id: ConversationId, turn_id: TurnId,
+    async def served_request(conversation_id: ConversationId, turn_id: TurnId, who: Caller,
                              step: Annotated[int, Path(ge=0, le=1_000_000)]) -> Response:
         """The request of one step exactly as the model saw it (the bytes whose sha256 is StepServed.requestHash)."""
-        _, events = await turn_state(conversation_id, turn_id)
+        _, events = await turn_state(conversation_id, turn_id, who)
         served = next((e["data"] for e in events if e["type"] == "StepServed" and e["data"]["step"] == step), None)
         if served is None:
             raise ServiceError(f"turn {turn_id} has no step {step}", code="not-found")
@@ -559,19 +631,20 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
                         headers={"X-Request-Hash": served["requestHash"], "ETag": f'"{served["requestHash"]}"'})
 
     @api.get("/conversations/{conversation_id}/messages")
-    async def messages(conversation_id: ConversationId, branches: bool = False,
+    async def messages(conversation_id: ConversationId, who: Caller, branches: bool = False,
                        anchor: Annotated[str | None, Query(max_length=ID_MAX_CHARS, pattern=ID_PATTERN)] = None
                        ) -> dict[str, Any]:
         """The path from the root to ``anchor`` (default: the latest message); ``branches`` adds, for every path
         message with siblings (regenerated answers), the sibling ids — pass one as ``anchor`` to read that branch."""
-        await conversation_settings(conversation_id)
+        await conversation_settings(conversation_id, who)
         return await backends.history_all(conversation_id, anchor, branches)
 
     @api.get("/conversations/{conversation_id}/messages/{message_id}/results/{tool_call_id}")
     async def tool_result(conversation_id: ConversationId, message_id: MessageId,
-                          tool_call_id: ToolCallId) -> dict[str, Any]:
+                          tool_call_id: ToolCallId, who: Caller) -> dict[str, Any]:
         """A tool result read back in full for a UI: persisted envelopes are inflated by the blob store, in-flight
         offloads are read from their blobs; a result that was never trimmed is returned as stored."""
+        await conversation_settings(conversation_id, who)
         # the path to the message (any branch) ends with the message itself
         hist = await backends.rpc.call("ctx.persist.history", {"conversationId": conversation_id,
                                                                "anchorId": message_id})
@@ -581,6 +654,70 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         if part is None:
             raise ServiceError(f"no tool result {tool_call_id} in message {message_id}", code="not-found")
         return await full_output(backends, conversation_id, part)
+
+    @api.get("/whoami", tags=["keys"])
+    async def whoami(who: Caller) -> dict[str, Any]:
+        """The authenticated caller: its tenant and whether it may manage keys."""
+        return {"subject": who.subject, "tenantId": who.tenant, "admin": who.admin}
+
+    # ---------- API keys (admin scope) ----------
+    def admin_only(who: Principal) -> None:
+        if not who.admin:
+            raise HTTPException(403, "this credential has no admin scope (managing keys needs an admin key)")
+
+    async def key_record(key_id: str) -> dict[str, Any] | None:
+        events = await backends.read_stream_all(KEY_STREAM + key_id)
+        issued = next((e for e in events if e["type"] == "ApiKeyIssued"), None)
+        if issued is None:
+            return None
+        revoked = next((e for e in events if e["type"] == "ApiKeyRevoked"), None)
+        d = issued["data"]
+        return {"keyId": key_id, "tenantId": d["tenantId"], "name": d.get("name"), "admin": bool(d.get("admin")),
+                "limits": d.get("limits") or {}, "createdAt": issued.get("recordedAt"),
+                "revokedAt": revoked.get("recordedAt") if revoked else None}
+
+    @api.post("/keys", status_code=201, tags=["keys"],
+              responses={403: {"model": ApiError, "description": "the credential has no admin scope"}})
+    async def create_key(body: CreateKey, who: Caller) -> dict[str, Any]:
+        """Issue an API key for a tenant. The key is in this reply only: it is stored as an argon2id hash."""
+        admin_only(who)
+        key_id, secret, key = new_key()
+        limits_ = {k: v for k, v in (("requestsPerSecond", body.requestsPerSecond),
+                                     ("maxRunningTurns", body.maxRunningTurns)) if v is not None}
+        data: dict[str, Any] = {"keyId": key_id, "tenantId": body.tenantId, "admin": body.admin,
+                                "secretHash": await asyncio.to_thread(auth.hash_secret, secret), "limits": limits_}
+        if body.name:
+            data["name"] = body.name
+        await backends.append(KEY_STREAM + key_id, [new_event("ApiKeyIssued", data)], expected=0)
+        await backends.append(KEY_INDEX, [new_event("ApiKeyIndexed", {"keyId": key_id, "tenantId": body.tenantId})])
+        log.info("api-key-issued", key_id=key_id, tenant=body.tenantId, admin=body.admin, by=who.subject)
+        return {"keyId": key_id, "key": key, "tenantId": body.tenantId, "name": body.name, "admin": body.admin,
+                "limits": limits_}
+
+    @api.get("/keys", tags=["keys"],
+             responses={403: {"model": ApiError, "description": "the credential has no admin scope"}})
+    async def list_keys(who: Caller, tenant: Annotated[str | None, Query(max_length=128, pattern=TENANT_PATTERN)]
+                        = None, revoked: bool = False) -> dict[str, Any]:
+        """Issued keys (never their secrets), newest last; ``revoked`` includes revoked ones."""
+        admin_only(who)
+        index = await backends.read_stream_all(KEY_INDEX)
+        ids = [e["data"]["keyId"] for e in index if tenant is None or e["data"]["tenantId"] == tenant]
+        records = [r for r in [await key_record(i) for i in ids] if r is not None]
+        return {"keys": [r for r in records if revoked or r["revokedAt"] is None]}
+
+    @api.delete("/keys/{key_id}", tags=["keys"],
+                responses={403: {"model": ApiError, "description": "the credential has no admin scope"}})
+    async def revoke_key(key_id: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")], who: Caller) -> dict[str, Any]:
+        """Revoke a key: refused at once by this replica, by every replica within CTX_AUTH_CACHE_S."""
+        admin_only(who)
+        record = await key_record(key_id)
+        if record is None:
+            raise ServiceError(f"key {key_id} not found", code="not-found")
+        if record["revokedAt"] is None:
+            await backends.append(KEY_STREAM + key_id, [new_event("ApiKeyRevoked", {"keyId": key_id})])
+            log.info("api-key-revoked", key_id=key_id, by=who.subject)
+        auth.forget(key_id)
+        return {"keyId": key_id, "revoked": True}
 
     return api
 
@@ -607,7 +744,7 @@ def validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, auth: Authenticator | None = None) -> None:
     """Every refusal in the API's error shape ``{code, message, retryable}``: typed service errors, request
     validation (422 ``invalid-payload``) and the framework's own (unknown route, body over its limit → 413)."""
     @app.exception_handler(ServiceError)
@@ -620,7 +757,15 @@ def install_error_handlers(app: FastAPI) -> None:
                             status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if (auth is not None and exc.status_code in (404, 405) and request.url.path.startswith("/v1/")
+                and "principal" not in request.scope.get("state", {})):
+            # no route matched: under /v1 an unauthenticated caller learns nothing about which routes exist
+            try:
+                await auth.authenticate(credential_of(request))
+            except StarletteHTTPException as refused:
+                exc = refused
         code = HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
-        return JSONResponse({"code": code, "message": _safe(exc.detail), "retryable": exc.status_code >= 500},
+        return JSONResponse({"code": code, "message": _safe(exc.detail),
+                             "retryable": exc.status_code >= 500 or exc.status_code == 429},
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))

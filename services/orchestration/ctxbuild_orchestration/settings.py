@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ctxbuild_platform.settings import ServiceSettings
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from .tools.settings import WebToolSettings
 
@@ -43,3 +43,27 @@ class Settings(ServiceSettings, WebToolSettings):
     max_replay_script_bytes: int = Field(
         48 * 1024 * 1024, ge=1, description="a replay provider's script + tools as JSON (over 32 KiB: a blob)")
     max_attachment_name_chars: int = Field(255, ge=1, description="an attachment's file name")
+
+    # authentication and tenants (SPEC §15.3, auth.py): every /v1 call carries an API key or an OIDC token
+    admin_api_key: SecretStr | None = Field(
+        None, description="bootstrap admin credential (manages /v1/keys); never defaulted — unset: no admin key")
+    auth_cache_s: float = Field(5.0, ge=0, le=60, description="a verified API key is trusted this long without "
+                                "re-hashing; also the most a revocation takes to reach every replica")
+    key_requests_per_second: int = Field(50, ge=1, description="default requests per second per credential "
+                                         "(per edge replica); a key may carry its own")
+    key_max_running_turns: int = Field(4, ge=1, description="default concurrent running turns per credential "
+                                       "(per edge replica); a key may carry its own")
+    oidc_jwks_url: str | None = Field(None, description="JWKS of the OIDC issuer; unset = no JWT bearer tokens")
+    oidc_issuer: str | None = Field(None, description="the tokens' required iss")
+    oidc_audience: str | None = Field(None, description="the tokens' required aud")
+    oidc_tenant_claim: str = Field("tenant", description="the claim that names the caller's tenant")
+    oidc_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"],
+                                       description="accepted signature algorithms (never none/HS*)")
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> Settings:
+        if self.oidc_jwks_url and not (self.oidc_issuer and self.oidc_audience):
+            raise ValueError("CTX_OIDC_JWKS_URL needs CTX_OIDC_ISSUER and CTX_OIDC_AUDIENCE")
+        if any(a.lower() == "none" or a.upper().startswith("HS") for a in self.oidc_algorithms):
+            raise ValueError("CTX_OIDC_ALGORITHMS takes asymmetric algorithms only (RS*, ES*, PS*, EdDSA)")
+        return self

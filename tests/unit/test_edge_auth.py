@@ -1,0 +1,111 @@
+"""The edge's authenticator (auth.py) as pure logic: key format, verification against a key's events, the
+verification cache and what revocation does to it, the running-turn count. The key streams here are plain lists;
+tests/security/test_auth.py runs the same code against the real stack."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from argon2 import PasswordHasher
+from ctxbuild_orchestration.auth import _KEY, AuthConfig, Authenticator, Principal, new_key
+from fastapi import HTTPException
+
+FAST = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)  # unit tests only: the service uses the defaults
+
+
+def authenticator(streams: dict[str, list[dict]], **config) -> Authenticator:
+    async def read(stream: str) -> list[dict]:
+        return list(streams.get(stream, []))
+
+    return Authenticator(AuthConfig(**config), read, hasher=FAST)
+
+
+def issued(streams: dict[str, list[dict]], tenant: str = "t1", **extra) -> str:
+    key_id, secret, key = new_key()
+    streams[f"apikey:{key_id}"] = [{"type": "ApiKeyIssued", "data": {
+        "keyId": key_id, "tenantId": tenant, "secretHash": FAST.hash(secret), **extra}}]
+    return key
+
+
+def test_a_new_key_has_the_documented_shape():
+    key_id, secret, key = new_key()
+    assert re.fullmatch(r"[0-9a-f]{16}", key_id) and key == f"ctx_{key_id}_{secret}"
+    assert _KEY.match(key).groups() == (key_id, secret)
+
+
+async def test_a_key_authenticates_its_tenant_and_limits():
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams, "acme", admin=True, limits={"requestsPerSecond": 3, "maxRunningTurns": 2})
+    who = await authenticator(streams).authenticate(key)
+    assert (who.tenant, who.admin, who.requests_per_second, who.max_running_turns) == ("acme", True, 3, 2)
+
+
+@pytest.mark.parametrize("credential", ["", None, "ctx_nothex_abc", "Bearer x", "ctx_0123456789abcdef_" + "a" * 43])
+async def test_bad_credentials_are_401_with_a_challenge(credential):
+    with pytest.raises(HTTPException) as refused:
+        await authenticator({}).authenticate(credential)
+    assert refused.value.status_code == 401 and refused.value.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_a_cached_key_does_not_accept_another_secret():
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams)
+    auth = authenticator(streams, cache_s=60)
+    await auth.authenticate(key)
+    with pytest.raises(HTTPException):
+        await auth.authenticate(key[:-1] + ("A" if key[-1] != "A" else "B"))
+
+
+async def test_revocation_reaches_a_replica_once_its_cache_entry_is_gone():
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams)
+    key_id = key.split("_")[1]
+    other_replica, revoking_replica = authenticator(streams, cache_s=60), authenticator(streams, cache_s=60)
+    await other_replica.authenticate(key)
+    await revoking_replica.authenticate(key)
+    streams[f"apikey:{key_id}"].append({"type": "ApiKeyRevoked", "data": {"keyId": key_id}})
+    revoking_replica.forget(key_id)
+    with pytest.raises(HTTPException):
+        await revoking_replica.authenticate(key)  # at once where it was revoked
+    assert (await other_replica.authenticate(key)).tenant == "t1"  # elsewhere: until the cache bound
+    no_cache = authenticator(streams, cache_s=0)
+    with pytest.raises(HTTPException):
+        await no_cache.authenticate(key)
+
+
+async def test_the_admin_key_is_admin():
+    who = await authenticator({}, admin_key="ctxadmin_secret").authenticate("ctxadmin_secret")
+    assert who.admin and who.tenant == "admin"
+    with pytest.raises(HTTPException):
+        await authenticator({}, admin_key="ctxadmin_secret").authenticate("ctxadmin_secreT")
+
+
+async def test_running_turns_are_counted_until_they_end():
+    auth = authenticator({}, max_running_turns=2)
+    who = Principal("key:x", "t")
+    ended: set[str] = set()
+
+    async def running(turn: str) -> bool:
+        return turn not in ended
+
+    await auth.admit_turn(who, "t1", running)
+    await auth.admit_turn(who, "t2", running)
+    with pytest.raises(HTTPException) as refused:
+        await auth.admit_turn(who, "t3", running)
+    assert refused.value.status_code == 429 and int(refused.value.headers["Retry-After"]) >= 1
+    ended.add("t1")
+    await auth.admit_turn(who, "t3", running)
+    auth.turn_not_started(who, "t3")
+    await auth.admit_turn(who, "t4", running)  # t3 was handed back
+
+
+def test_over_the_rate_is_429_with_retry_after():
+    auth = authenticator({})
+    who = Principal("key:y", "t", requests_per_second=2)
+    auth.check_rate(who)
+    auth.check_rate(who)
+    with pytest.raises(HTTPException) as refused:
+        for _ in range(50):  # the window is one second: at most 2 of these pass within it
+            auth.check_rate(who)
+    assert refused.value.status_code == 429 and int(refused.value.headers["Retry-After"]) >= 1
