@@ -85,6 +85,29 @@ def resolve_url(flag: str | None, stack_dir: Path) -> str:
     return (flag or stack_url(stack_dir) or DEFAULT_URL).rstrip("/")
 
 
+def stack_api_key(stack_dir: Path) -> str | None:
+    """The local stack's API key (`make up` writes <stack dir>/api-key, mode 0600), if there is one."""
+    path = stack_dir / "api-key"
+    return (path.read_text().strip() or None) if path.is_file() else None
+
+
+def stack_admin_key(stack_dir: Path) -> str | None:
+    """The local stack's bootstrap admin key (CTX_ADMIN_API_KEY in <stack dir>/stack.env), if there is one."""
+    env_file = stack_dir / "stack.env"
+    if not env_file.is_file():
+        return None
+    for line in env_file.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "CTX_ADMIN_API_KEY" and value.strip():
+            return value.strip()
+    return None
+
+
+def resolve_api_key(flag: str | None, stack_dir: Path) -> str | None:
+    """--api-key / CTXBUILD_API_KEY (typer fills `flag` from either) > the local stack's <dir>/api-key."""
+    return flag or stack_api_key(stack_dir)
+
+
 def guess_media_type(path: Path) -> str:
     """By extension; an unknown extension is text/plain when the head decodes as UTF-8 (logs, notes, code)."""
     guessed, _ = mimetypes.guess_type(path.name)
@@ -130,11 +153,12 @@ def error_from_response(response: httpx.Response) -> ApiError:
 class Client:
     """Sync client (a CLI does one thing at a time). `transport` is for tests of the error mapping."""
 
-    def __init__(self, base_url: str, *, timeout: float = 30.0, stream_read_timeout: float = 120.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 30.0,
+                 stream_read_timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.stream_timeout = httpx.Timeout(timeout, read=stream_read_timeout)
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -194,6 +218,28 @@ class Client:
 
     def result(self, cid: str, mid: str, call_id: str) -> dict[str, Any]:
         return self._json("GET", f"{self._conv(cid)}/messages/{_seg(mid)}/results/{_seg(call_id)}")
+
+    # ---------- API keys (an admin credential) ----------
+    def create_key(self, tenant: str, *, name: str | None = None, admin: bool = False,
+                   requests_per_second: int | None = None, max_running_turns: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"tenantId": tenant, "admin": admin}
+        for k, v in (("name", name), ("requestsPerSecond", requests_per_second),
+                     ("maxRunningTurns", max_running_turns)):
+            if v is not None:
+                body[k] = v
+        return self._json("POST", "/v1/keys", json=body)
+
+    def list_keys(self, tenant: str | None = None, *, revoked: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, str] = {"revoked": "true"} if revoked else {}
+        if tenant:
+            params["tenant"] = tenant
+        return self._json("GET", "/v1/keys", params=params)["keys"]
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/v1/keys/{_seg(key_id)}")
+
+    def whoami(self) -> dict[str, Any]:
+        return self._json("GET", "/v1/whoami")
 
     # ---------- turns ----------
     def start_turn(self, cid: str, text: str, provider: dict[str, Any],

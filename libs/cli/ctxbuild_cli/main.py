@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.syntax import Syntax
 
 from . import render
-from .client import ApiError, Client, ConnectionFailed, resolve_url
+from .client import ApiError, Client, ConnectionFailed, resolve_api_key, resolve_url, stack_admin_key
 
 EXIT_TURN_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 1, 2, 3, 4
 
@@ -46,6 +46,8 @@ err = Console(stderr=True, soft_wrap=True)  # messages keep their lines (paths, 
 class Settings:
     url: str
     timeout: float
+    api_key: str | None = None
+    admin_key: str | None = None
 
 
 class ProviderKind(str, Enum):
@@ -80,8 +82,16 @@ def root(ctx: typer.Context,
                   "else http://127.0.0.1:8080)")] = None,
          stack_dir: Annotated[Path, typer.Option("--stack-dir", envvar="CTXBUILD_STACK_DIR",
                                                  help="the local stack's state folder")] = Path(".stack"),
+         api_key: Annotated[str | None, typer.Option(
+             "--api-key", envvar="CTXBUILD_API_KEY", show_envvar=True,
+             help="the API key sent with every call (default: the local stack's <stack-dir>/api-key)")] = None,
+         admin_key: Annotated[str | None, typer.Option(
+             "--admin-key", envvar="CTXBUILD_ADMIN_KEY", show_envvar=True,
+             help="an admin credential for `keys` (default: the local stack's CTX_ADMIN_API_KEY, else --api-key)")
+         ] = None,
          timeout: Annotated[float, typer.Option(min=0.1, help="seconds per HTTP request")] = 30.0) -> None:
-    ctx.obj = Settings(resolve_url(url, stack_dir), timeout)
+    ctx.obj = Settings(resolve_url(url, stack_dir), timeout, resolve_api_key(api_key, stack_dir),
+                       admin_key or stack_admin_key(stack_dir))
 
 
 # ---------- plumbing ----------
@@ -91,16 +101,20 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 @contextmanager
-def api(ctx: typer.Context) -> Iterator[Client]:
+def api(ctx: typer.Context, *, admin: bool = False) -> Iterator[Client]:
     """A client whose typed errors become one clear line on stderr and an exit code."""
     settings: Settings = ctx.obj
+    key = (settings.admin_key or settings.api_key) if admin else settings.api_key
     try:
-        with Client(settings.url, timeout=settings.timeout) as client:
+        with Client(settings.url, api_key=key, timeout=settings.timeout) as client:
             yield client
     except ConnectionFailed as exc:
         fail(f"{escape(str(exc))}\n  start the stack with `make up`, or point --url / CTXBUILD_URL at it", EXIT_UNREACHABLE)
     except ApiError as exc:
         hint = " (this server does not have that endpoint: is it older than this CLI?)" if exc.endpoint_missing else ""
+        if exc.status == 401:
+            hint = (" (pass --api-key or set CTXBUILD_API_KEY; `make up` writes the local stack's key to "
+                    "<stack-dir>/api-key)")
         fail(f"{exc.method} {escape(exc.path)} → HTTP {exc.status} [bold]{escape(exc.code)}[/bold]: "
              f"{escape(exc.message)}{hint}",
              EXIT_REFUSED)
@@ -493,3 +507,55 @@ def raw_output_tokens(client: Client, cid: str, views: list[render.TurnView],
             unread += 1
     note = f"raw output tokens: {unread} trimmed output(s) could not be read back (n/a)" if unread else None
     return tokens, note
+
+
+# ---------- API keys ----------
+keys_app = typer.Typer(help="API keys of tenants (needs an admin credential: --admin-key / CTXBUILD_ADMIN_KEY, "
+                            "the local stack's admin key, or an admin --api-key).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(ctx: typer.Context,
+                tenant: Annotated[str, typer.Option("--tenant", "-t", help="the tenant the key belongs to")],
+                name: Annotated[str | None, typer.Option(help="a label for people")] = None,
+                admin: Annotated[bool, typer.Option("--admin", help="the key may manage keys")] = False,
+                rps: Annotated[int | None, typer.Option("--rps", min=1,
+                                                        help="requests per second (default: the server's)")] = None,
+                max_turns: Annotated[int | None, typer.Option(
+                    "--max-turns", min=1, help="concurrent running turns (default: the server's)")] = None,
+                json_out: JsonFlag = False) -> None:
+    """Issue a key. It is shown once: the server keeps only its hash."""
+    with api(ctx, admin=True) as client:
+        key = client.create_key(tenant, name=name, admin=admin, requests_per_second=rps, max_running_turns=max_turns)
+    if json_out:
+        emit_json(key)
+        return
+    out.print(render.keys_table([key]))
+    out.print(f"[bold]key[/bold] (shown once, store it now): {escape(key['key'])}", soft_wrap=True, highlight=False)
+
+
+@keys_app.command("list")
+def keys_list(ctx: typer.Context,
+              tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="only this tenant's keys")] = None,
+              revoked: Annotated[bool, typer.Option("--revoked", help="include revoked keys")] = False,
+              json_out: JsonFlag = False) -> None:
+    """Issued keys (never their secrets)."""
+    with api(ctx, admin=True) as client:
+        keys = client.list_keys(tenant, revoked=revoked)
+    if json_out:
+        emit_json({"keys": keys})
+        return
+    out.print(render.keys_table(keys))
+
+
+@keys_app.command("revoke")
+def keys_revoke(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="the key's id (ctx_<keyId>_…)")],
+                json_out: JsonFlag = False) -> None:
+    """Revoke a key: refused at once by the replica asked, by every replica within CTX_AUTH_CACHE_S."""
+    with api(ctx, admin=True) as client:
+        done = client.revoke_key(key_id)
+    if json_out:
+        emit_json(done)
+        return
+    out.print(f"revoked key {escape(done['keyId'])}", highlight=False)

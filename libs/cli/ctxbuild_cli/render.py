@@ -448,3 +448,17 @@ def full_output_tokens(result: dict[str, Any]) -> int:
         return count_text(result["text"])
     return count_text(json.dumps(result, ensure_ascii=False))
 
+
+
+def keys_table(keys: list[dict[str, Any]]) -> Table:
+    """API keys: id, tenant, name, scope, limits, created, revoked (never a secret)."""
+    table = Table(title="API keys", show_lines=False)
+    for col in ("key id", "tenant", "name", "scope", "limits", "created", "revoked"):
+        table.add_column(col, overflow="fold")
+    for k in keys:
+        lim = k.get("limits") or {}
+        limits = ", ".join(f"{v} {label}" for label, v in (("req/s", lim.get("requestsPerSecond")),
+                                                          ("turns", lim.get("maxRunningTurns"))) if v) or "defaults"
+        table.add_row(k["keyId"], k["tenantId"], k.get("name") or "", "admin" if k.get("admin") else "tenant",
+                      limits, k.get("createdAt") or "", k.get("revokedAt") or "")
+    return table

@@ -27,10 +27,18 @@ def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help
             for name in SERVICES:
                 with console.status(f"starting {name}…"):
                     st.start_service(name)
+            if st.env.get("CTX_ADMIN_API_KEY"):
+                st.ensure_api_key()  # already running: the key is still there (or issued again)
     except StackError as exc:
         console.print(f"[red]stack failed:[/red] {exc}")
         raise typer.Exit(1) from exc
     console.print(f"[green]stack up[/green]; environment in {st.env_file}")
+    if not infra_only:
+        if st.api_key_file.is_file():
+            console.print(f"API key (tenant local) in {st.api_key_file}: the CLI and the demo use it")
+        else:
+            console.print("[yellow]no API key:[/yellow] this stack's edge predates authentication; "
+                          "run `make down && make up`")
 
 
 @app.command()

@@ -35,6 +35,7 @@ INFRA: tuple[str, ...] = ("nats", "postgres", "s3")
 PG_SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
 DATABASE = "ctxbuild"
 BUCKET = "ctxbuild-blobs"
+LOCAL_TENANT = "local"  # the tenant of the local stack's API key (<dir>/api-key)
 
 
 class StackError(RuntimeError):
@@ -106,6 +107,10 @@ class Stack:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def api_key_file(self) -> Path:
+        return self.root / "api-key"
+
     # ---------- persistence of the stack description ----------
     @classmethod
     def load(cls, root: Path) -> Stack:
@@ -117,8 +122,12 @@ class Stack:
 
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps({"env": self.env, "procs": self.procs}, indent=2))
-        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(self.env.items())))
+        # both hold secrets (the S3 and admin keys): the owner only
+        for path, text in ((self.state_file, json.dumps({"env": self.env, "procs": self.procs}, indent=2)),
+                           (self.env_file, "".join(f"{k}={v}\n" for k, v in sorted(self.env.items())))):
+            path.touch(mode=0o600, exist_ok=True)
+            path.chmod(0o600)
+            path.write_text(text)
 
     # ---------- process helpers ----------
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
@@ -286,17 +295,54 @@ class Stack:
 
     # ---------- services ----------
     def service_env(self, name: str) -> dict[str, str]:
-        return {**self.env, "CTX_SERVICE_NAME": name}
+        # the admin key goes to the edge only; the local client key to no service
+        env = {k: v for k, v in self.env.items() if k != "CTX_API_KEY"
+               and (k != "CTX_ADMIN_API_KEY" or name == "orchestration")}
+        return {**env, "CTX_SERVICE_NAME": name}
 
     def start_service(self, name: str, extra_env: dict[str, str] | None = None, timeout: float = 60) -> None:
         if self.alive(name):
             return
+        if name == "orchestration" and not self.env.get("CTX_ADMIN_API_KEY"):
+            # the deployment's bootstrap admin credential (issues tenant keys); generated once per stack folder
+            self.env["CTX_ADMIN_API_KEY"] = "ctxadmin_" + secrets.token_urlsafe(32)
         port = free_port()
         env = {**self.service_env(name), "CTX_HTTP_PORT": str(port), **(extra_env or {})}
         proc = self._spawn(name, [sys.executable, "-m", f"ctxbuild_{name}"], env=env)
         self.env[f"CTX_{name.upper()}_HTTP"] = f"http://127.0.0.1:{port}"
         _wait(name, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout, self.logs / f"{name}.log", proc)
         self.save()
+        if name == "orchestration":
+            self.ensure_api_key()
+
+    def ensure_api_key(self) -> str:
+        """The local stack's API key (tenant ``local``) in ``<dir>/api-key`` (mode 0600) and ``env['CTX_API_KEY']``:
+        the one already there if the edge still accepts it, else a new one issued with the admin key."""
+        base = self.env["CTX_ORCHESTRATION_HTTP"]
+        if self.api_key_file.is_file():
+            key = self.api_key_file.read_text().strip()
+            r = httpx.get(f"{base}/v1/whoami", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            if r.status_code == 200:
+                self.env["CTX_API_KEY"] = key
+                self.save()
+                return key
+        r = httpx.post(f"{base}/v1/keys", timeout=30, headers={"Authorization": f"Bearer {self.env['CTX_ADMIN_API_KEY']}"},
+                       json={"tenantId": LOCAL_TENANT, "name": "local stack",
+                             # one developer (and the test suite's concurrent turns) on a local stack
+                             "requestsPerSecond": 1000, "maxRunningTurns": 64})
+        if r.status_code != 201:
+            raise StackError(f"could not issue the local API key: HTTP {r.status_code} {r.text[:300]}")
+        key = r.json()["key"]
+        self.api_key_file.unlink(missing_ok=True)
+        self.api_key_file.touch(mode=0o600)
+        self.api_key_file.write_text(key + "\n")
+        self.env["CTX_API_KEY"] = key
+        self.save()
+        return key
+
+    def api_headers(self) -> dict[str, str]:
+        """Headers that authenticate a call to the stack's orchestration API with its local key."""
+        return {"Authorization": f"Bearer {self.env['CTX_API_KEY']}"}
 
     def start_services(self, names: Iterable[str] = SERVICES, extra_env: dict[str, str] | None = None) -> None:
         for n in names:
