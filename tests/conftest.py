@@ -15,6 +15,8 @@ from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from minio import Minio
 
+from tests.support.auth import AUTH
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -45,6 +47,8 @@ def start_service(stack: Stack) -> Callable[..., str]:
 
     def _start(name: str, **extra_env: str) -> str:
         stack.start_service(name, extra_env=extra_env or None)
+        if name == "orchestration":
+            AUTH.update(stack.api_headers())  # the session's tenant key (tests/support/auth.py)
         return stack.env[f"CTX_{name.upper()}_HTTP"]
 
     return _start

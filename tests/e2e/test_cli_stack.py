@@ -31,12 +31,13 @@ READ_SCRIPT = [{"toolCalls": [{"toolName": "read_file", "input": {"filename": "n
 
 
 class Cli:
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, api_key: str) -> None:
+        self.url, self.api_key = url, api_key
         self.runner = CliRunner()
 
     def __call__(self, *args: str, url: str | None = None) -> Result:
-        return self.runner.invoke(app, ["--url", url or self.url, *args], env={"COLUMNS": "220"})
+        return self.runner.invoke(app, ["--url", url or self.url, "--api-key", self.api_key, *args],
+                                  env={"COLUMNS": "220"})
 
     def json(self, *args: str, url: str | None = None) -> dict:
         result = self(*args, "--json", url=url)
@@ -45,8 +46,8 @@ class Cli:
 
 
 @pytest.fixture(scope="module")
-def cli(all_services) -> Cli:
-    return Cli(all_services)
+def cli(stack, all_services) -> Cli:
+    return Cli(all_services, stack.env["CTX_API_KEY"])
 
 
 @pytest.fixture(scope="module")
@@ -337,16 +338,47 @@ def test_replay_of_a_recorded_swe_agent_run(cli, shared_data):
     assert turn["servedMax"] < 8000  # the messages of every request stayed inside the window
 
 
-def test_the_installed_console_script(all_services, tmp_path):
-    """`ctxbuild` as installed (entry point), finding the server through a stack.env like `make up` writes."""
+def test_the_installed_console_script(stack, all_services, tmp_path):
+    """`ctxbuild` as installed (entry point), finding the server through a stack.env and its key through the
+    api-key file like `make up` writes them (then the key from CTXBUILD_API_KEY)."""
     (tmp_path / "stack.env").write_text(f"CTX_ORCHESTRATION_HTTP={all_services}\n")
-    env = {k: v for k, v in os.environ.items() if k != "CTXBUILD_URL"}
+    (tmp_path / "api-key").write_text(stack.env["CTX_API_KEY"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CTXBUILD_URL", "CTXBUILD_API_KEY")}
     done = subprocess.run([str(CTXBUILD), "--stack-dir", str(tmp_path), "new", "--title", "from a shell"],
                           check=False, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     cid = done.stdout.strip()
     hist = subprocess.run([str(CTXBUILD), "history", cid, "--json"], check=False, capture_output=True, text=True,
                           timeout=60,
-                          env={**env, "CTXBUILD_URL": all_services})
+                          env={**env, "CTXBUILD_URL": all_services, "CTXBUILD_API_KEY": stack.env["CTX_API_KEY"]})
     assert hist.returncode == 0, hist.stderr
     assert json.loads(hist.stdout)["messages"] == []
+    # no key anywhere: refused with a hint, exit 4
+    bare = subprocess.run([str(CTXBUILD), "--stack-dir", str(tmp_path / "none"), "history", cid], check=False,
+                          capture_output=True, text=True, timeout=60, env={**env, "CTXBUILD_URL": all_services})
+    assert bare.returncode == 4 and "unauthenticated" in bare.stderr and "--api-key" in bare.stderr
+
+
+def test_keys_create_list_revoke(stack, all_services):
+    """`ctxbuild keys` with the stack's admin key: a key is shown once, works, is listed without its secret and
+    stops working once revoked."""
+    runner, admin = CliRunner(), ["--url", all_services, "--admin-key", stack.env["CTX_ADMIN_API_KEY"]]
+    made = runner.invoke(app, [*admin, "keys", "create", "--tenant", "cli-tenant", "--name", "ci", "--rps", "7",
+                               "--json"])
+    assert made.exit_code == 0, made.output
+    key = json.loads(made.stdout)
+    assert key["key"].startswith(f"ctx_{key['keyId']}_") and key["limits"] == {"requestsPerSecond": 7}
+    who = runner.invoke(app, ["--url", all_services, "--api-key", key["key"], "new", "--json"])
+    assert who.exit_code == 0, who.output
+    table = runner.invoke(app, [*admin, "keys", "list", "--tenant", "cli-tenant"], env={"COLUMNS": "220"})
+    assert table.exit_code == 0 and key["keyId"] in table.stdout and key["key"] not in table.stdout
+    listed = json.loads(runner.invoke(app, [*admin, "keys", "list", "--tenant", "cli-tenant", "--json"]).stdout)
+    assert [k["keyId"] for k in listed["keys"]] == [key["keyId"]]
+    gone = runner.invoke(app, [*admin, "keys", "revoke", key["keyId"], "--json"])
+    assert gone.exit_code == 0 and json.loads(gone.stdout) == {"keyId": key["keyId"], "revoked": True}
+    refused = runner.invoke(app, ["--url", all_services, "--api-key", key["key"], "new"])
+    assert refused.exit_code == 4 and "unauthenticated" in refused.output
+    # a tenant key is not an admin credential
+    denied = runner.invoke(app, ["--url", all_services, "--api-key", stack.env["CTX_API_KEY"], "--admin-key",
+                                 stack.env["CTX_API_KEY"], "keys", "list"])
+    assert denied.exit_code == 4 and "forbidden" in denied.output

@@ -18,6 +18,8 @@ from ctxbuild_codec import compaction_budget
 from ctxbuild_orchestration.demo import PAGE, generate_log
 from httpx_sse import aconnect_sse
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 WINDOW = 8_000
@@ -49,7 +51,7 @@ def wire_orphans(body: dict) -> list[str]:
 @pytest.fixture(scope="module")
 async def conversation(all_services, fake_openai):
     log_text = generate_log()
-    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         cid = (await http.post("/v1/conversations", json={
             "title": "findings 2 and 4", "settings": {"contextWindow": WINDOW, "mcpMode": "disabled"}})).json()["id"]
         att = await http.post(f"/v1/conversations/{cid}/attachments",

@@ -16,13 +16,14 @@ from collections import Counter
 
 import httpx
 import pytest
+from ctxbuild_devstack.replica import Replica
 from ctxbuild_devstack.stack import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ctxbuild_devstack.replica import Replica
+from tests.support.auth import AUTH
 from tests.support.server import ThreadedServer
 
 pytestmark = pytest.mark.e2e
@@ -92,7 +93,7 @@ def fetch_script(pages: SlowPages, tag: str, n: int) -> list[dict]:
 
 
 def events_of(base: str, cid: str, tid: str) -> list[dict]:
-    return httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}", timeout=30).json()["events"]
+    return httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}", headers=AUTH, timeout=30).json()["events"]
 
 
 def wait_for(base: str, cid: str, tid: str, pred, timeout: float = 120) -> list[dict]:
@@ -110,8 +111,8 @@ def terminal(evs: list[dict]) -> list[dict]:
 
 
 def new_turn(base: str, text: str, script: list[dict], **extra) -> tuple[str, str]:
-    cid = httpx.post(f"{base}/v1/conversations", json={"title": text}, timeout=30).json()["id"]
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns",
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"title": text}, timeout=30).json()["id"]
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH,
                    json={"text": text, "provider": {"kind": "replay", "script": script}, **extra}, timeout=30)
     assert r.status_code == 202, r.text
     return cid, r.json()["turnId"]
@@ -119,7 +120,7 @@ def new_turn(base: str, text: str, script: list[dict], **extra) -> tuple[str, st
 
 def assert_history_consistent(base: str, cid: str, turn_id: str, steps: int) -> None:
     """Each turn message once, every tool call answered by exactly one result, nothing orphaned."""
-    msgs = httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+    msgs = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
     mine = [m for m in msgs if m.get("turnId") == turn_id]
     ids = [m["id"] for m in mine]
     assert len(ids) == len(set(ids)) == 2 * steps - 1, [m["role"] for m in mine]
@@ -193,7 +194,7 @@ def test_abort_ends_a_running_turn(edge, runners, pages):
     runners("orch-runner-abort")
     cid, tid = new_turn(base, "long one", fetch_script(pages, "abort", 8))
     wait_for(base, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", json={"reason": "user pressed stop"},
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH, json={"reason": "user pressed stop"},
                    timeout=30)
     assert r.status_code == 202, r.text
     evs = wait_for(base, cid, tid, terminal, timeout=60)
@@ -201,7 +202,7 @@ def test_abort_ends_a_running_turn(edge, runners, pages):
     assert len(end) == 1 and end[0]["type"] == "TurnFailed" and end[0]["data"]["code"] == "aborted"
     assert "user pressed stop" in end[0]["data"]["message"]
     assert sum(pages.hits[f"/abort/{k}"] for k in range(1, 9)) < 8  # it really stopped
-    again = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", timeout=30)
+    again = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH, timeout=30)
     assert again.status_code == 409 and again.json()["code"] == "conflict"
 
 
@@ -215,9 +216,9 @@ def test_step_limit_is_a_clear_terminal_error(all_services, pages):
     assert "3 model calls" in end["data"]["message"]
     assert [e["data"]["step"] for e in evs if e["type"] == "StepServed"] == [1, 2, 3]
     # the work is kept: three answered calls join the conversation (a follow-up continues from them)
-    msgs = httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+    msgs = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
     assert [m["role"] for m in msgs if m.get("turnId") == tid] == ["assistant", "tool"] * 3
-    too_many = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30, json={
+    too_many = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30, json={
         "text": "x", "maxSteps": 10_000, "provider": {"kind": "replay", "script": [{"text": "y"}]}})
     assert too_many.status_code == 422
 
@@ -225,12 +226,12 @@ def test_step_limit_is_a_clear_terminal_error(all_services, pages):
 def test_served_request_regenerate_and_result_readback(all_services):
     base = all_services
     big = "\n".join(f"line {i}: " + "x" * 80 for i in range(4000))  # ~350 KB: trimmed in flight, offloaded
-    cid = httpx.post(f"{base}/v1/conversations", json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
-    att = httpx.post(f"{base}/v1/conversations/{cid}/attachments", timeout=60,
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
+    att = httpx.post(f"{base}/v1/conversations/{cid}/attachments", headers=AUTH, timeout=60,
                      files={"file": ("big.txt", big.encode(), "text/plain")}).json()
     script = [{"toolCalls": [{"toolName": "read_file", "input": {"filename": att["handle"], "limit": 60000}}]},
               {"text": "first answer"}]
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30,
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
                    json={"text": "read it", "provider": {"kind": "replay", "script": script}})
     tid = r.json()["turnId"]
     evs = wait_for(base, cid, tid, terminal)
@@ -238,22 +239,22 @@ def test_served_request_regenerate_and_result_readback(all_services):
 
     # what the model saw on step 2, byte for byte: its sha256 is the recorded request hash
     served = {e["data"]["step"]: e["data"] for e in evs if e["type"] == "StepServed"}
-    req = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/2/request", timeout=30)
+    req = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/2/request", headers=AUTH, timeout=30)
     assert req.status_code == 200
     assert hashlib.sha256(req.content).hexdigest() == served[2]["requestHash"] == req.headers["x-request-hash"]
     body = req.json()
     assert body["messages"][-1]["role"] == "tool" and "<persisted-output>" in json.dumps(body["messages"][-1])
     # a prefix-stable turn: step 2's request extends step 1's
-    req1 = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", timeout=30).json()
+    req1 = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", headers=AUTH, timeout=30).json()
     assert body["messages"][:len(req1["messages"])] == req1["messages"]
-    assert httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/9/request", timeout=30).status_code == 404
+    assert httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/9/request", headers=AUTH, timeout=30).status_code == 404
 
     # the trimmed read_file output reads back in full
     recorded = next(e["data"] for e in evs if e["type"] == "ToolResultRecorded")
     assert recorded["trimmed"]
-    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
                     if m["role"] == "tool")
-    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{recorded['toolCallId']}",
+    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{recorded['toolCallId']}", headers=AUTH,
                      timeout=60)
     assert full.status_code == 200, full.text
     out = full.json()["output"]
@@ -261,13 +262,13 @@ def test_served_request_regenerate_and_result_readback(all_services):
     assert big[:60000] in text or big[:5000] in text
 
     # regenerate: a new turn over the same user message; its answer is a sibling of the first
-    rg = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/regenerate", timeout=30,
+    rg = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/regenerate", headers=AUTH, timeout=30,
                     json={"provider": {"kind": "replay", "script": [{"text": "second answer"}]}})
     assert rg.status_code == 202, rg.text
     tid2 = rg.json()["turnId"]
     assert rg.json()["userMessageId"] == r.json()["userMessageId"]
     wait_for(base, cid, tid2, terminal)
-    hist = httpx.get(f"{base}/v1/conversations/{cid}/messages", params={"branches": "true"}, timeout=30).json()
+    hist = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"branches": "true"}, timeout=30).json()
     path = hist["messages"]
     assert path[-1]["role"] == "assistant" and path[-1]["parts"][0]["text"] == "second answer"
     user = r.json()["userMessageId"]
@@ -275,14 +276,14 @@ def test_served_request_regenerate_and_result_readback(all_services):
     siblings = hist["branches"][path[-1]["id"]]
     assert len(siblings) == 2  # the first answer's branch is still there
     first = next(s for s in siblings if s != path[-1]["id"])
-    old_branch = httpx.get(f"{base}/v1/conversations/{cid}/messages", params={"anchor": first}, timeout=30).json()
+    old_branch = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"anchor": first}, timeout=30).json()
     assert old_branch["messages"][-1]["role"] == "assistant" and old_branch["messages"][-1]["turnId"] == tid
     # a finished turn whose events were all seen: the stream says so at once instead of idling
     last = evs[-1]["version"]
-    done = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/events", headers={"Last-Event-ID": str(last)},
+    done = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/events", headers={**AUTH, "Last-Event-ID": str(last)},
                      timeout=10)
     assert done.status_code == 204
-    unknown = httpx.post(f"{base}/v1/conversations/{cid}/turns/turn_nope/regenerate", timeout=30)
+    unknown = httpx.post(f"{base}/v1/conversations/{cid}/turns/turn_nope/regenerate", headers=AUTH, timeout=30)
     assert unknown.status_code == 404
 
 
@@ -291,9 +292,9 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     of its message after the turn released its provisional references, and reads back whole."""
     base = edge.url
     runners("orch-runner-web")
-    cid = httpx.post(f"{base}/v1/conversations", json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
     script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url("big/article")}}]}, {"text": "ok"}]
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30,
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
                    json={"text": "fetch", "provider": {"kind": "replay", "script": script}})
     tid = r.json()["turnId"]
     evs = wait_for(base, cid, tid, terminal)
@@ -303,13 +304,13 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     item = rec["output"]["value"][0]
     assert item["url"] == pages.url("big/article") and item["id"] and "<persisted-output>" in item["content"]
     shas = [b["sha256"] for b in rec["offload"]["blobs"]]
-    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", timeout=30).json()["messages"]
+    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
                     if m["role"] == "tool")
     rows = await pg.fetch("SELECT sha256, owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = ANY($1)", shas)
     by_role = {(r["owner_kind"], r["role"]) for r in rows}
     assert ("message", "tool_output") in by_role and ("turn", "provisional") not in by_role, rows
     assert {r["owner_id"] for r in rows if r["role"] == "tool_output"} == {tool_msg["id"]}
-    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{rec['toolCallId']}",
+    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{rec['toolCallId']}", headers=AUTH,
                      timeout=60).json()
     assert full["source"] in ("offloaded", "persisted")
     content = full["output"]["value"][0]["content"]

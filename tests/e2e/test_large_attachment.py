@@ -7,12 +7,14 @@ import hashlib
 import httpx
 import pytest
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 
 async def test_three_megabyte_attachment_round_trip(all_services, rpc):
     text = "".join(f"{i:08d} the quick brown fox jumps over the lazy dog\n" for i in range(60_000))  # ~3.2 MB
-    async with httpx.AsyncClient(base_url=all_services, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=120) as http:
         cid = (await http.post("/v1/conversations", json={})).json()["id"]
         r = await http.post(f"/v1/conversations/{cid}/attachments",
                             files={"file": ("big.log", text.encode(), "text/plain")})

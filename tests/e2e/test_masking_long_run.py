@@ -17,6 +17,8 @@ import pytest_asyncio
 from ctxbuild_blobclient import content_ref
 from ctxbuild_providers.trajectories import load_trajectory
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 MINI = Path(__file__).resolve().parents[3] / "shared" / "data" / "trajectories" / \
@@ -53,7 +55,7 @@ async def run(all_services) -> Run:
         pytest.skip(f"trajectory not available: {MINI}")
     traj = load_trajectory(MINI)
     steps = len(traj.turns[0].script)
-    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         r = await http.post("/v1/conversations", json={"title": "mini-swe masking", "settings": {
             "contextWindow": WINDOW, "summarizer": "masking"}})
         cid = r.json()["id"]
@@ -84,7 +86,7 @@ async def test_every_step_is_served_readable_and_the_turn_stream_stays_small(run
     # every step's served request answers: the exact bytes the model saw, within the window
     served = [e["data"] for e in events if e["type"] == "StepServed"]
     assert [s["step"] for s in served] == list(range(1, run.steps + 1))
-    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         for s in served:
             r = await http.get(f"/v1/conversations/{run.cid}/turns/{run.tid}/steps/{s['step']}/request")
             assert r.status_code == 200, (s["step"], r.text[:300])

@@ -14,13 +14,15 @@ import httpx
 import pytest
 from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 
 def wait_terminal(base: str, cid: str, tid: str, timeout: float = 120) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        evs = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}", timeout=30).json()["events"]
+        evs = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}", headers=AUTH, timeout=30).json()["events"]
         if any(e["type"] in ("TurnCompleted", "TurnFailed") for e in evs):
             return evs
         time.sleep(0.2)
@@ -44,14 +46,14 @@ async def test_deferred_git_tools_run_through_the_meta_tools(all_services, rpc, 
 
 
 async def run_deferred_turn(base: str, repo, status_id: str) -> None:
-    cid = httpx.post(f"{base}/v1/conversations", timeout=30, json={
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, timeout=30, json={
         "settings": {"contextWindow": 6000, "mcpServers": ["git_defer"]}}).json()["id"]
     script = [{"toolCalls": [{"toolName": "tool_search", "input": {"query": "working tree status"}}]},
               {"toolCalls": [{"toolName": "tool_inspect", "input": {"name": status_id}}]},
               {"toolCalls": [{"toolName": "tool_invoke", "input": {"name": status_id,
                                                                    "params": {"repo_path": str(repo)}}}]},
               {"text": "one untracked file"}]
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", timeout=30,
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
                    json={"text": "what is the git status?", "provider": {"kind": "replay", "script": script}})
     assert r.status_code == 202, r.text
     tid = r.json()["turnId"]
@@ -59,7 +61,7 @@ async def run_deferred_turn(base: str, repo, status_id: str) -> None:
     ends = [e for e in evs if e["type"] in ("TurnCompleted", "TurnFailed")]
     assert ends[0]["type"] == "TurnCompleted", ends
 
-    req = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", timeout=30).json()
+    req = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", headers=AUTH, timeout=30).json()
     names = {t["name"] for t in req["tools"]}
     assert {"tool_search", "tool_inspect", "tool_invoke"} <= names
     assert not any(n.startswith("mcp__git_defer__") for n in names), names  # deferred: not on the wire

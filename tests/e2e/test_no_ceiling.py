@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from tests.support.auth import AUTH
 from tests.support.bulky_mcp_server import catalogue, png_bytes
 from tests.support.server import ThreadedServer
 
@@ -124,7 +125,7 @@ def recorded(events: list[dict]) -> list[dict]:
 def test_fifty_turns_and_a_hundred_megabytes_stay_usable(edge):
     shell = [{"name": "shell", "description": "run a shell command", "inputSchema": {
         "type": "object", "properties": {"cmd": {"type": "string"}}}}]
-    with httpx.Client(base_url=edge, timeout=120) as http:
+    with httpx.Client(base_url=edge, headers=AUTH, timeout=120) as http:
         cid = conversation(http)
         turns: list[tuple[str, list[dict], str]] = []
         for k in range(1, TURNS + 1):
@@ -171,7 +172,7 @@ async def test_twenty_megabyte_mcp_json_and_an_image(edge, bulky, rpc):
     await _register(rpc, bulky)
     try:
         big, pic = tool_id("bulky", "big_json", "bulky"), tool_id("bulky", "picture", "bulky")
-        with httpx.Client(base_url=edge, timeout=180) as http:
+        with httpx.Client(base_url=edge, headers=AUTH, timeout=180) as http:
             cid = conversation(http, mcpServers=["bulky"])
             script = [{"toolCalls": [{"toolName": big, "input": {"megabytes": 20}}]},
                       {"toolCalls": [{"toolName": pic, "input": {"side": 256}}]},
@@ -197,7 +198,7 @@ async def test_twenty_megabyte_mcp_json_and_an_image(edge, bulky, rpc):
 
 
 def test_five_megabyte_web_page(edge, pages):
-    with httpx.Client(base_url=edge, timeout=180) as http:
+    with httpx.Client(base_url=edge, headers=AUTH, timeout=180) as http:
         cid = conversation(http)
         script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url("report")}}]},
                   {"text": "read it"}]

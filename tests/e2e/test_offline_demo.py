@@ -13,13 +13,15 @@ from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 from rich.console import Console
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-async def demo(all_services, tap):
+async def demo(stack, all_services, tap):
     out = io.StringIO()
-    summary = run_demo(all_services, Console(file=out, width=200))
+    summary = run_demo(all_services, Console(file=out, width=200), api_key=stack.env["CTX_API_KEY"])
     return summary, out.getvalue(), tap
 
 
@@ -44,7 +46,7 @@ async def test_demo_runs_through_every_service(demo, all_services):
                                           for turn, _, label in summary["inLoopFolds"])
     assert "in-loop: folded " in printed and ">trigger" not in printed
 
-    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=30) as http:
         hist = (await http.get(f"/v1/conversations/{summary['conversationId']}/messages")).json()
     assert [a["handle"] for a in hist["attachments"]] == ["service.log"]
     results = [p for m in hist["messages"] if m["role"] == "tool" for p in m["parts"]]
@@ -117,7 +119,7 @@ async def test_every_payload_on_nats_matches_its_contract(demo):
 
 
 async def test_bad_requests_get_typed_errors(all_services):
-    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=30) as http:
         missing = await http.post("/v1/conversations/conv_nope/turns",
                                   json={"text": "hi", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
         assert missing.status_code == 404 and missing.json()["code"] == "not-found"
@@ -128,7 +130,7 @@ async def test_bad_requests_get_typed_errors(all_services):
 async def test_trace_context_follows_a_turn_through_the_services(demo, rpc, all_services):
     """One trace per turn: the runner's span is propagated over NATS into persistence, which stores it."""
     summary, _, _ = demo
-    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=30) as http:
         hist = (await http.get(f"/v1/conversations/{summary['conversationId']}/messages")).json()
     turn_id = hist["messages"][-1]["turnId"]
     events = (await rpc.call("ctx.persist.read_stream", {"streamId": f"turn:{turn_id}"}))["events"]

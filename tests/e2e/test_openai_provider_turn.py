@@ -8,11 +8,13 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from tests.support.auth import AUTH
+
 pytestmark = pytest.mark.e2e
 
 
 async def test_turn_with_a_real_adapter(all_services, fake_openai):
-    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         cid = (await http.post("/v1/conversations", json={"settings": {"contextWindow": 16000,
                                                                         "mcpMode": "disabled"}})).json()["id"]
         await http.post(f"/v1/conversations/{cid}/attachments",
@@ -42,7 +44,7 @@ async def test_turn_with_a_real_adapter(all_services, fake_openai):
 
 
 async def test_unconfigured_provider_is_a_typed_error(all_services):
-    async with httpx.AsyncClient(base_url=all_services, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=30) as http:
         cid = (await http.post("/v1/conversations", json={})).json()["id"]
         bad = await http.post(f"/v1/conversations/{cid}/turns", json={"text": "hi", "provider": {"kind": "nope"}})
         assert bad.status_code == 422
@@ -52,7 +54,7 @@ async def test_the_answer_streams_as_text_deltas(all_services, fake_openai):
     """A streamed model answer reaches the SSE client as TextDelta events while the step runs; joined, they are the
     answer the turn records. They set no id of their own (live only): a resumed stream replays events, not deltas."""
     answer = "Streaming reaches the front end piece by piece, then the recorded answer."
-    async with httpx.AsyncClient(base_url=all_services, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         cid = (await http.post("/v1/conversations", json={"settings": {"mcpMode": "disabled",
                                                                         "webTools": False}})).json()["id"]
         fake_openai.reply_next = {"role": "assistant", "content": answer}

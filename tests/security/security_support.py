@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 from ctxbuild_devstack import SERVICES
 
+from tests.support.auth import AUTH
+
 
 def uid() -> str:
     return uuid.uuid4().hex
@@ -44,16 +46,17 @@ class Turn:
 class Edge:
     """The orchestration HTTP API of one edge."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
         self.base = base
+        self.headers = AUTH if headers is None else headers  # default: the session's tenant key
 
     def conversation(self, **settings: Any) -> str:
-        r = httpx.post(f"{self.base}/v1/conversations", json={"settings": settings}, timeout=30)
+        r = httpx.post(f"{self.base}/v1/conversations", headers=self.headers, json={"settings": settings}, timeout=30)
         assert r.status_code in (200, 201), r.text
         return r.json()["id"]
 
     def attach(self, cid: str, name: str, text: str) -> dict[str, Any]:
-        r = httpx.post(f"{self.base}/v1/conversations/{cid}/attachments", timeout=60,
+        r = httpx.post(f"{self.base}/v1/conversations/{cid}/attachments", headers=self.headers, timeout=60,
                        files={"file": (name, text.encode(), "text/plain")})
         assert r.status_code in (200, 201), r.text
         return r.json()
@@ -61,13 +64,13 @@ class Edge:
     def turn(self, cid: str, script: list[dict[str, Any]], text: str = "go",
              tools: list[dict[str, Any]] | None = None) -> Turn:
         provider = {"kind": "replay", "script": script, **({"tools": tools} if tools else {})}
-        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns", timeout=30,
+        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns", headers=self.headers, timeout=30,
                        json={"text": text, "provider": provider})
         assert r.status_code == 202, r.text
         return self.wait(cid, r.json()["turnId"])
 
     def regenerate(self, cid: str, turn_id: str, script: list[dict[str, Any]]) -> Turn:
-        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}/regenerate", timeout=30,
+        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}/regenerate", headers=self.headers, timeout=30,
                        json={"provider": {"kind": "replay", "script": script}})
         assert r.status_code == 202, r.text
         return self.wait(cid, r.json()["turnId"])
@@ -75,21 +78,21 @@ class Edge:
     def wait(self, cid: str, turn_id: str, timeout: float = 180) -> Turn:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            evs = httpx.get(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}", timeout=30).json()["events"]
+            evs = httpx.get(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}", headers=self.headers, timeout=30).json()["events"]
             if any(e["type"] in ("TurnCompleted", "TurnFailed") for e in evs):
                 return Turn(cid, turn_id, evs)
             time.sleep(0.1)
         raise AssertionError(f"turn {turn_id} did not end")
 
     def messages(self, cid: str) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.base}/v1/conversations/{cid}/messages", params={"branches": "true"}, timeout=30)
+        r = httpx.get(f"{self.base}/v1/conversations/{cid}/messages", headers=self.headers, params={"branches": "true"}, timeout=30)
         assert r.status_code == 200, r.text
         return r.json()["messages"]
 
     def stored(self, turn: Turn) -> str:
         """Everything stored for the attacker's turn: its events, its messages, every request the model saw."""
         steps = [e["data"]["step"] for e in turn.events if e["type"] == "StepServed"]
-        requests = [httpx.get(f"{self.base}/v1/conversations/{turn.conversation}/turns/{turn.id}/steps/{s}/request",
+        requests = [httpx.get(f"{self.base}/v1/conversations/{turn.conversation}/turns/{turn.id}/steps/{s}/request", headers=self.headers,
                               timeout=30).text for s in steps]
         mine = [m for m in self.messages(turn.conversation) if m.get("turnId") == turn.id]
         return json.dumps({"events": turn.events, "messages": mine, "requests": requests}, ensure_ascii=False)

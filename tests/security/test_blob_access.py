@@ -27,6 +27,8 @@ from security_support import (
     victim_conversation,
 )
 
+from tests.support.auth import AUTH
+
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
 PREFIX = re.compile(r"vfs_[0-9a-f]{16}")
@@ -290,7 +292,7 @@ def test_the_http_edge_reads_back_nothing_of_another_conversation(edge, victim, 
     """The results endpoint of B with A's message and call ids finds nothing (the read-back is B's own history)."""
     msg = next(m for m in edge.messages(victim["cid"]) if m["role"] == "tool")
     call = next(p["toolCallId"] for p in msg["parts"] if p["type"] == "tool-result")
-    r = httpx.get(f"{edge.base}/v1/conversations/{cross['turn'].conversation}/messages/{msg['id']}/results/{call}",
+    r = httpx.get(f"{edge.base}/v1/conversations/{cross['turn'].conversation}/messages/{msg['id']}/results/{call}", headers=AUTH,
                   timeout=30)
     assert r.status_code == 404, r.text
     assert victim["marker"] not in r.text

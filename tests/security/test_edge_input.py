@@ -18,6 +18,8 @@ from ctxbuild_devstack import SERVICES
 from ctxbuild_persistence.adapters.event_store import APPEND_LOCK
 from ctxbuild_platform.errors import RemoteError
 
+from tests.support.auth import AUTH
+
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
 MiB = 1024 * 1024
@@ -40,14 +42,14 @@ def base(stack, start_service) -> str:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def http(base) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(120, read=180)) as client:
+    async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=httpx.Timeout(120, read=180)) as client:
         yield client
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def conv(base) -> str:
     """A real conversation with one finished turn: the valid ids the malformed-id cases are mixed with."""
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as http:
         cid = (await http.post("/v1/conversations", json={"title": "ids"})).json()["id"]
         r = await http.post(f"/v1/conversations/{cid}/turns", json={"text": "hi", "provider": REPLAY})
         assert r.status_code == 202, r.text
@@ -200,6 +202,11 @@ async def test_a_turn_text_at_the_limit_is_stored_by_reference_and_read_back(htt
     assert msgs[0]["role"] == "user" and msgs[0]["parts"][0]["text"] == text
 
 
+def auth_lines() -> bytes:
+    """The session key as raw header lines (the edge authenticates before it reads a body)."""
+    return "".join(f"{k}: {v}\r\n" for k, v in AUTH.items()).encode()
+
+
 async def read_reply(reader: asyncio.StreamReader) -> tuple[bytes, dict]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
     length = int(next(h for h in head.decode().split("\r\n") if h.lower().startswith("content-length"))
@@ -215,7 +222,7 @@ async def test_a_body_over_the_limit_is_refused_while_it_is_read(base, pg):
 
     async def upload() -> None:
         writer.write(b"POST /v1/conversations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
+                     b"Transfer-Encoding: chunked\r\n" + auth_lines() + b"\r\n")
         first = b'{"title": "' + marker.encode()
         writer.write(b"%x\r\n%s\r\n" % (len(first), first))
         chunk = b"x" * MiB
@@ -243,7 +250,7 @@ async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(base)
     reader, writer = await asyncio.open_connection(*base.removeprefix("http://").split(":"))
     try:
         writer.write(f"POST /v1/conversations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {BODY_LIMIT + 1}\r\n\r\n".encode() + b'{"title": "')
+                     f"Content-Length: {BODY_LIMIT + 1}\r\n".encode() + auth_lines() + b'\r\n{"title": "')
         await writer.drain()
         head, payload = await read_reply(reader)
         assert head.startswith(b"HTTP/1.1 413"), head
