@@ -10,7 +10,7 @@ STACK_DIR ?= .stack
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
-.PHONY: help sync up down status logs run demo test test-unit test-integration bench bench-pipeline bench-codec \
+.PHONY: help sync up down status logs run demo test test-security test-unit test-integration bench bench-pipeline bench-codec \
 	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search check-schemas contracts check-contracts \
 	lint clean k8s-validate images
 
@@ -44,10 +44,17 @@ run: up demo  ## the main job: bring the stack up and run the offline demo
 demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
 	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
-test: sync check-contracts k8s-validate  ## unit, contract, integration and end-to-end tests on a real local stack
-	@$(PY) -m pytest tests; rc=$$?; \
+test: sync check-contracts k8s-validate test-security  ## unit, contract, integration, end-to-end and attack tests on a real local stack
+	@$(PY) -m pytest tests -m "not security"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass" >&2; exit 1; fi; \
 	exit $$rc
+
+test-security: sync  ## the attack tests (pytest -m security tests/security) → bench/results/security.json (attacks_accepted must be 0)
+	@junit=$$(mktemp --suffix=.xml); \
+	$(PY) -m pytest -m security tests/security --junitxml=$$junit; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no attack tests: that is a broken suite, not a pass" >&2; rc=1; fi; \
+	$(PY) bench/security.py $$junit --out bench/results/security.json || rc=1; \
+	rm -f $$junit; exit $$rc
 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract

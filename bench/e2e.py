@@ -134,9 +134,9 @@ DEFINITIONS = {
 # ---------------------------------------------------------------- processes
 
 class Api:
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, api_key: str) -> None:
         self.base = base
-        self.http = httpx.AsyncClient(base_url=base, timeout=120)
+        self.http = httpx.AsyncClient(base_url=base, timeout=120, headers={"Authorization": f"Bearer {api_key}"})
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -386,7 +386,7 @@ async def kill_test(stack: Stack, kills: int, window: int, seed: int, progress: 
                  "CTX_TURNS_CONSUMER": KILL_CONSUMER, "CTX_TURN_ACK_WAIT_S": KILL_ACK_WAIT}
     edge = await asyncio.to_thread(
         lambda: Replica(stack, "orchestration", "bench-edge", CTX_ROLE="edge", **queue_env).wait_ready(90))
-    api = Api(edge.url)
+    api = Api(edge.url, stack.env["CTX_API_KEY"])
     runners: list[Replica] = []
 
     async def new_runner() -> Replica:
@@ -556,7 +556,7 @@ def overall(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     items = [i for i in replay_set() if not args.only or i["label"] in args.only]
     total_steps = sum(len(t.script) for i in items for t in i["traj"].turns)
-    api = Api(stack.env["CTX_ORCHESTRATION_HTTP"])
+    api = Api(stack.env["CTX_ORCHESTRATION_HTTP"], stack.env["CTX_API_KEY"])
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     out: dict[str, Any] = {}
     try:

@@ -64,8 +64,8 @@ def big_output(turn: int) -> str:
 
 
 class Api:
-    def __init__(self, base: str) -> None:
-        self.http = httpx.AsyncClient(base_url=base, timeout=300)
+    def __init__(self, base: str, api_key: str) -> None:
+        self.http = httpx.AsyncClient(base_url=base, timeout=300, headers={"Authorization": f"Bearer {api_key}"})
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -266,7 +266,7 @@ async def largest_event(database_url: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- main
 
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
-    api = Api(stack.env["CTX_ORCHESTRATION_HTTP"])
+    api = Api(stack.env["CTX_ORCHESTRATION_HTTP"], stack.env["CTX_API_KEY"])
     broker = NatsBroker(stack.env["CTX_NATS_URL"], logger=None)
     await broker.connect()
     rpc = RpcClient(broker, default_timeout=120)
