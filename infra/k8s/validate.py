@@ -60,6 +60,7 @@ MIGRATE_JOB = "ctxbuild-migrate"
 EXTERNAL_SECRETS: dict[str, set[str]] = {
     "ctxbuild-s3": {"endpoint", "access-key", "secret-key", "bucket", "region"},
     "ctxbuild-llm": {"openai-api-key", "anthropic-api-key"},
+    "ctxbuild-auth": {"admin-api-key"},
     **{f"ctxbuild-pg-{s}": {"username", "password"} for s in ("blobstore", "persistence", "mcp-catalog")},
     **{f"ctxbuild-nats-{s}": {"NATS_USER", "NATS_PASSWORD"} for s in SETTINGS},
 }
