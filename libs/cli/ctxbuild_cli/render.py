@@ -454,11 +454,11 @@ def keys_table(keys: list[dict[str, Any]]) -> Table:
     """API keys: id, tenant, name, scope, limits, created, revoked (never a secret)."""
     table = Table(title="API keys", show_lines=False)
     for col in ("key id", "tenant", "name", "scope", "limits", "created", "revoked"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("key id", "created", "revoked"))
     for k in keys:
         lim = k.get("limits") or {}
         limits = ", ".join(f"{v} {label}" for label, v in (("req/s", lim.get("requestsPerSecond")),
                                                           ("turns", lim.get("maxRunningTurns"))) if v) or "defaults"
         table.add_row(k["keyId"], k["tenantId"], k.get("name") or "", "admin" if k.get("admin") else "tenant",
-                      limits, k.get("createdAt") or "", k.get("revokedAt") or "")
+                      limits, (k.get("createdAt") or "")[:19], (k.get("revokedAt") or "")[:19])
     return table
