@@ -157,6 +157,24 @@ def test_a_forged_secret_after_the_real_key_was_cached_is_401(base, admin):
     unauthenticated(httpx.get(f"{base}/v1/whoami", headers=bearer(forged), timeout=30))
 
 
+def test_a_flood_of_forged_secrets_for_one_key_id_stops_being_hashed(base, admin):
+    """Each wrong secret costs the edge an argon2 hash: past five a second for one key id they are refused at once
+    (429); the owner, verified a moment ago, goes on."""
+    real = issue(base, admin, "tenant-flood")
+    assert httpx.get(f"{base}/v1/whoami", headers=bearer(real["key"]), timeout=30).status_code == 200
+    forged = f"ctx_{real['keyId']}_" + "F" * 43
+    seen = []
+    with httpx.Client(timeout=30) as http:
+        for _ in range(60):
+            r = http.get(f"{base}/v1/whoami", headers=bearer(forged))
+            seen.append(r.status_code)
+            if r.status_code == 429:
+                break
+    assert seen[0] == 401 and seen[-1] == 429 and set(seen) == {401, 429}, seen
+    assert int(r.headers["retry-after"]) >= 1
+    assert httpx.get(f"{base}/v1/whoami", headers=bearer(real["key"]), timeout=30).status_code == 200
+
+
 def test_a_key_id_that_was_never_issued_is_401(base):
     unauthenticated(httpx.get(f"{base}/v1/whoami", headers=bearer("ctx_0123456789abcdef_" + "a" * 43), timeout=30))
 

@@ -109,3 +109,20 @@ def test_over_the_rate_is_429_with_retry_after():
         for _ in range(50):  # the window is one second: at most 2 of these pass within it
             auth.check_rate(who)
     assert refused.value.status_code == 429 and int(refused.value.headers["Retry-After"]) >= 1
+
+
+async def test_wrong_secrets_for_one_key_id_stop_being_hashed_and_the_cached_owner_goes_on():
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams)
+    auth = authenticator(streams, cache_s=60)
+    await auth.authenticate(key)  # the owner, verified and cached
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    statuses = []
+    for _ in range(50):  # five failures per second are hashed; the next ones in that second are refused at once
+        with pytest.raises(HTTPException) as refused:
+            await auth.authenticate(wrong)
+        statuses.append(refused.value.status_code)
+        if refused.value.status_code == 429:
+            break
+    assert statuses[0] == 401 and statuses[-1] == 429, statuses
+    assert (await auth.authenticate(key)).tenant == "t1"

@@ -54,6 +54,9 @@ LEGACY_TENANT = "default"  # a conversation created before tenants (no tenantId 
 _KEY = re.compile(r"^ctx_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})$")
 TENANT_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="ctxbuild"'}
+# wrong secrets for one real key id, per second and replica, before further tries are refused without hashing
+# (each try costs an argon2 hash; unknown key ids cost none). The key's owner is unaffected while cached.
+FAILED_VERIFICATIONS = RateLimitItemPerSecond(5)
 
 
 def new_key() -> tuple[str, str, str]:
@@ -177,9 +180,12 @@ class Authenticator:
         if issued is None or any(e["type"] == "ApiKeyRevoked" for e in events):
             self._cache.pop(key_id, None)
             raise unauthenticated("invalid API key")  # unknown and revoked read the same
+        if not self._limiter.test(FAILED_VERIFICATIONS, "failed", key_id):
+            raise rate_limited("too many failed verifications of this key id; try again later", 1)
         try:
             await asyncio.to_thread(self.hasher.verify, issued["secretHash"], secret)
         except (VerificationError, InvalidHashError) as exc:
+            self._limiter.hit(FAILED_VERIFICATIONS, "failed", key_id)
             raise unauthenticated("invalid API key") from exc
         lim = issued.get("limits") or {}
         principal = Principal(f"key:{key_id}", issued["tenantId"], admin=bool(issued.get("admin")),
