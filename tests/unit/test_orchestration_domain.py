@@ -1,7 +1,7 @@
 """Pure parts of the turn runner: which tools are offered, the replay provider, the per-step report."""
 
 import pytest
-from ctxbuild_orchestration.domain.steps import step_rows, storable
+from ctxbuild_orchestration.domain.steps import step_rows
 from ctxbuild_orchestration.domain.tools import offered_tools
 from ctxbuild_providers import ModelRequest, ProviderError, ReplayProvider, ToolSpec
 
@@ -70,13 +70,3 @@ def test_step_rows_count_trims_and_carry_the_compaction_decision():
     assert (rows[0]["trimmed"], rows[0]["offloaded"], rows[0]["tools"]) == (1, 1, ["read_file"])
     assert rows[1]["servedTokens"] == 300
 
-
-def test_tool_output_with_lone_surrogates_becomes_storable_utf8():
-    output = {"type": "content", "value": [{"type": "text", "text": "bad \ud800 byte, good \U0001F600"}],
-              "metadata": {"structuredContent": {"k\udc01": ["\ud83d\ude00", 7, None]}}}
-    clean = storable(output)
-    json_bytes = str(clean).encode("utf-8")  # raises if any lone surrogate is left
-    assert json_bytes and clean["value"][0]["text"] == "bad \ufffd byte, good \U0001F600"
-    assert clean["metadata"]["structuredContent"] == {"k\ufffd": ["\U0001F600", 7, None]}  # a split pair rejoins
-    plain = {"type": "text", "value": "valid text"}
-    assert storable(plain) == plain

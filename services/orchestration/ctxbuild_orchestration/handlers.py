@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ import structlog
 from ctxbuild_blobclient import content_ref
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
+from ctxbuild_platform.text import first_bad_text
 from fastapi import (
     APIRouter,
     Depends,
@@ -83,9 +83,6 @@ ADMISSIONS_PREFIX = "conversation-turns:"
 # an admitted turn with no event yet after this long was abandoned by a crashed edge: it no longer holds the lock
 ADMISSION_GRACE_S = 60.0
 
-_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")  # NUL, or a surrogate (JSON pairs decode to one code point)
-
-
 @dataclass(frozen=True)
 class EdgeLimits:
     """Input limits of the HTTP edge (Settings ``max_*``): over one → 413 naming the limit."""
@@ -108,22 +105,12 @@ class EdgeLimits:
 def bad_text_at(value: Any, where: str) -> str | None:
     """Where the first NUL character or lone surrogate is in a JSON value (keys included), or None. Neither can
     be stored and read back as text (Postgres text refuses NUL, UTF-8 has no surrogates)."""
-    if isinstance(value, str):
-        if (m := _BAD_CHARS.search(value)) is not None:
-            what = "a NUL character" if m.group() == "\x00" else f"a lone surrogate (U+{ord(m.group()):04X})"
-            return f"{where} holds {what} at index {m.start()}"
+    found = first_bad_text(value, where)
+    if found is None:
         return None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(k, str) and _BAD_CHARS.search(k):
-                return f"a key of {where} holds a NUL character or a lone surrogate"
-            if (found := bad_text_at(v, f"{where}.{k}")) is not None:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            if (found := bad_text_at(v, f"{where}[{i}]")) is not None:
-                return found
-    return None
+    if found.in_key:
+        return f"a key of {found.path} holds a NUL character or a lone surrogate"
+    return f"{found.path} holds {found.describe()} at index {found.index}"
 
 
 class RequestBody(BaseModel):

@@ -32,6 +32,7 @@ from ctxbuild_blobclient import content_ref
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
+from ctxbuild_platform.text import storable
 from ctxbuild_providers import ModelRequest, Provider, ProviderError, ReplayProvider, ToolSpec
 from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
@@ -39,7 +40,7 @@ from opentelemetry.propagate import extract
 from .adapters import content
 from .adapters.backends import Backends
 from .domain.arguments import argument_error, invalid_arguments_output
-from .domain.steps import storable, tool_result
+from .domain.steps import tool_result
 from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
 

@@ -50,19 +50,3 @@ def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     rows[d["step"]]["offloaded"] += 1
     return [rows[k] for k in sorted(rows)]
 
-
-def storable(value: Any) -> Any:
-    """``value`` with every lone surrogate replaced by U+FFFD (keys too, at any depth). A tool may answer with
-    text that is not valid Unicode (a JSON ``\\ud800`` escape, a broken decoder); the event log and every blob
-    hold UTF-8, so such text is made valid once, where it enters the turn, instead of failing the turn later."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [storable(v) for v in value]
-    return value

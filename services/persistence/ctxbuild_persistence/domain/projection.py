@@ -16,10 +16,11 @@ event log gives the same rows as the live projector.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from ctxbuild_platform.text import LONE_SURROGATE, first_bad_text
 
 from .conversation import ATTACHMENT_FIELDS, attachment_refs_of, persisted_uris_of, resolve_message
 
@@ -246,7 +247,6 @@ def _file_refs(cid: str, msg: Mapping[str, Any], position: int) -> list[FileRefR
 
 # ---------------------------------------------------------------- what can never be projected
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # a valid pair is one code point once decoded
 # the projection's text columns, per row kind (Postgres text cannot hold NUL)
 _TEXT_FIELDS: dict[type, tuple[str, ...]] = {
     ConvHead: ("conversation_id", "title", "last_message_id"),
@@ -260,19 +260,10 @@ _TEXT_FIELDS: dict[type, tuple[str, ...]] = {
 def lone_surrogate_at(value: Any, where: str = "data") -> str | None:
     """The path of the first string (key or value) holding a lone UTF-16 surrogate: such text cannot be encoded
     as UTF-8, so no reader could ever get the event back."""
-    if isinstance(value, str):
-        return where if _LONE_SURROGATE.search(value) else None
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            if isinstance(k, str) and _LONE_SURROGATE.search(k):
-                return f"{where} (a key)"
-            if (found := lone_surrogate_at(v, f"{where}.{k}")) is not None:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            if (found := lone_surrogate_at(v, f"{where}[{i}]")) is not None:
-                return found
-    return None
+    found = first_bad_text(value, where, LONE_SURROGATE)
+    if found is None:
+        return None
+    return f"{found.path} (a key)" if found.in_key else found.path
 
 
 def unprojectable(ev: LogEvent) -> str | None:
