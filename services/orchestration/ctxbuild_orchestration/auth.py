@@ -228,12 +228,14 @@ class Authenticator:
                                math.ceil(reset - time.time()))
 
     async def admit_turn(self, who: Principal, turn_id: str, running: Callable[[str], Awaitable[bool]]) -> None:
-        """Counts a new turn of the credential; 429 when it already has its maximum of running turns."""
+        """Counts a new turn of the credential; 429 when it already has its maximum of running turns. The turns
+        it holds are only asked whether they still run when it is at its limit (no reads per request below it)."""
         mine = self._running.setdefault(who.subject, set())
-        for t in list(mine):
-            if not await running(t):
-                mine.discard(t)
         most = who.max_running_turns or self.config.max_running_turns
+        if len(mine) >= most:
+            for t in list(mine):
+                if not await running(t):
+                    mine.discard(t)
         if len(mine) >= most:
             raise rate_limited(f"this credential already has {len(mine)} running turn(s), its limit is {most}; "
                                "wait for one to end", 1)
