@@ -36,23 +36,19 @@ def is_ref(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {REF_KEY} and isinstance(value[REF_KEY], Mapping)
 
 
-def fits_inline(value: Any, limit: int = INLINE_MAX_BYTES) -> bool:
-    return len(encode(value)) <= limit
-
-
-async def store(blobs: BlobPort, value: Any, conversation_id: str, owner: Any, role: str) -> dict[str, Any]:
-    """Store ``value`` as a JSON blob with one reference (owner, role); returns the ``contentRef`` object."""
-    body = encode(value)
+async def _store(blobs: BlobPort, body: bytes, conversation_id: str, owner: Any, role: str) -> dict[str, Any]:
+    """Store the encoded value as a JSON blob with one reference (owner, role); returns the ``contentRef`` object."""
     r = await blobs.put(body, conversation_id, owner, role, media_type=MEDIA_TYPE)
     return {REF_KEY: {"uri": r["uri"], "sha256": r["sha256"], "size": r["size"], "mediaType": MEDIA_TYPE}}
 
 
 async def store_if_large(blobs: BlobPort, value: Any, conversation_id: str, owner: Any, role: str,
                          limit: int = INLINE_MAX_BYTES) -> Any:
-    """``value`` itself when it fits ``limit`` bytes of JSON, else a reference to it."""
-    if fits_inline(value, limit):
+    """``value`` itself when it fits ``limit`` bytes of JSON, else a reference to it (encoded once)."""
+    body = encode(value)
+    if len(body) <= limit:
         return value
-    return await store(blobs, value, conversation_id, owner, role)
+    return await _store(blobs, body, conversation_id, owner, role)
 
 
 async def resolve(blobs: BlobPort, value: Any, conversation_id: str) -> Any:
@@ -71,9 +67,10 @@ async def store_message_parts(blobs: BlobPort, message: dict[str, Any], conversa
     """The message with its ``parts`` stored by reference when they are over ``limit`` bytes of JSON
     (``contracts/model/message.json``: parts is an array, or a content reference in a stored event)."""
     parts = message.get("parts")
-    if parts is None or is_ref(parts) or fits_inline(parts, limit):
+    if parts is None or is_ref(parts):
         return message
-    return {**message, "parts": await store(blobs, parts, conversation_id, owner, role)}
+    stored = await store_if_large(blobs, parts, conversation_id, owner, role, limit)
+    return message if stored is parts else {**message, "parts": stored}
 
 
 async def resolve_message(blobs: BlobPort, message: dict[str, Any], conversation_id: str) -> dict[str, Any]:
