@@ -30,14 +30,13 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_blobclient.client import tune_malloc, tune_nats_reads
-from ctxbuild_devstack import Stack
+from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from minio import Minio
@@ -341,12 +340,9 @@ def main() -> None:
     if args.out is None:
         ap.error("--out is required")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="ctxbuild-bench-blob-") as tmp:
-        stack = Stack(root=Path(tmp))
+    with private_stack("ctxbuild-bench-blob-", services=["blobstore"]) as stack:
         floor = None
         try:
-            stack.start_infra()
-            stack.start_service("blobstore")
             result = asyncio.run(measure(stack, args.n, args.warmup, args.pages, args.big_mb * 1000 * 1000))
             if args.floor_n:
                 floor = subprocess.Popen([sys.executable, __file__, "--floor-responder"],
@@ -357,7 +353,6 @@ def main() -> None:
             if floor is not None:
                 floor.terminate()
                 floor.wait()
-            stack.down()
     result["environment"] = {"python": platform.python_version(), "machine": platform.machine(),
                              "cpus": os.cpu_count(), "s3": "SeaweedFS (weed server -s3), loopback",
                              "postgres_fsync": True, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

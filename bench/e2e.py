@@ -56,7 +56,6 @@ import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -65,7 +64,7 @@ from typing import Any
 import httpx
 from ctxbuild_codec import compaction_budget, inflight_threshold
 from ctxbuild_codec.tokens import count_message, count_messages
-from ctxbuild_devstack import Stack
+from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_devstack.replica import Replica
 from ctxbuild_orchestration.domain.turn_state import message_id
 from ctxbuild_providers.trajectories import Trajectory, episode_count, load_trajectory
@@ -608,14 +607,8 @@ def main() -> None:
         return
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ctxbuild-bench-e2e-") as tmp:
-        stack = Stack(root=Path(tmp))
-        try:
-            stack.start_infra()
-            stack.start_services()
-            result = asyncio.run(measure(stack, args))
-        finally:
-            stack.down()
+    with private_stack("ctxbuild-bench-e2e-") as stack:
+        result = asyncio.run(measure(stack, args))
     result = {**head, "headline": None, **result, "seconds": round(time.perf_counter() - t0, 1),
               "environment": environment(load_before, args.window)}
     o, tp, k = result.get("overall", {}), result.get("throughput", {}), result.get("killTest", {})

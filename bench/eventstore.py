@@ -24,14 +24,13 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import asyncpg
 import nats
-from ctxbuild_devstack import Stack
+from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
@@ -239,14 +238,8 @@ def main() -> None:
     ap.add_argument("--n-throughput", type=int, default=2000, help="events per concurrency level")
     ap.add_argument("--n-paced", type=int, default=300)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ctxbench-es-") as d:
-        st = Stack(root=Path(d))
-        try:
-            st.start_infra(["nats", "postgres"])
-            st.start_service("persistence")
-            result = asyncio.run(run(st, args.n_ratio, args.rounds, args.n_throughput, args.n_paced))
-        finally:
-            st.down()
+    with private_stack("ctxbench-es-", infra=["nats", "postgres"], services=["persistence"]) as st:
+        result = asyncio.run(run(st, args.n_ratio, args.rounds, args.n_throughput, args.n_paced))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -15,13 +15,12 @@ import asyncio
 import json
 import platform
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import nats
-from ctxbuild_devstack import Stack
+from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from rich.progress import Progress
@@ -101,14 +100,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ctxbench-") as d:
-        st = Stack(root=Path(d))
-        try:
-            st.start_infra()
-            st.start_services(["blobstore", "persistence", "truncation"])
-            result = asyncio.run(measure(st, args.n, args.warmup))
-        finally:
-            st.down()
+    with private_stack("ctxbench-", services=["blobstore", "persistence", "truncation"]) as st:
+        result = asyncio.run(measure(st, args.n, args.warmup))
     result["machine"] = {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
                          "platform": platform.platform()}
     args.out.parent.mkdir(parents=True, exist_ok=True)

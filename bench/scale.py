@@ -35,7 +35,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 import asyncpg
 import httpx
-from ctxbuild_devstack import Stack
+from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -301,14 +300,8 @@ def main() -> None:
     args = ap.parse_args()
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ctxbuild-bench-scale-") as tmp:
-        stack = Stack(root=Path(tmp))
-        try:
-            stack.start_infra()
-            stack.start_services()
-            detail = asyncio.run(measure(stack, args))
-        finally:
-            stack.down()
+    with private_stack("ctxbuild-bench-scale-") as stack:
+        detail = asyncio.run(measure(stack, args))
     ts = detail["turnStart"]
     small, large = ts["1000"]["turn_start_ms"], ts["10000"]["turn_start_ms"]
     result = {

@@ -34,7 +34,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Self
 import httpx
 import nats
 from ctxbuild_blobclient import BlobClient
-from ctxbuild_devstack import Stack, free_port
+from ctxbuild_devstack import Stack, free_port, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 
@@ -245,14 +244,8 @@ def main() -> None:
     ap.add_argument("--tp-50kb", type=int, default=1600, help="requests per throughput run, 50 KB")
     ap.add_argument("--tp-1mb", type=int, default=160, help="requests per throughput run, 1 MB")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ctxbench-trunc-") as d:
-        st = Stack(root=Path(d))
-        try:
-            st.start_infra()
-            st.start_services(["blobstore", "truncation"])
-            result = asyncio.run(measure(st, args.n, args.warmup, {"50KB": args.tp_50kb, "1MB": args.tp_1mb}))
-        finally:
-            st.down()
+    with private_stack("ctxbench-trunc-", services=["blobstore", "truncation"]) as st:
+        result = asyncio.run(measure(st, args.n, args.warmup, {"50KB": args.tp_50kb, "1MB": args.tp_1mb}))
     result["ratio_holds"] = all(v["step_ratio_vs_floor"]["median"] <= TARGET_RATIO
                                 for v in result["latency"].values())
     result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),

@@ -1,3 +1,3 @@
-from .stack import INFRA, SERVICES, Stack, StackError, free_port
+from .stack import INFRA, SERVICES, Stack, StackError, free_port, private_stack
 
-__all__ = ["INFRA", "SERVICES", "Stack", "StackError", "free_port"]
+__all__ = ["INFRA", "SERVICES", "Stack", "StackError", "free_port", "private_stack"]

@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -409,3 +411,17 @@ class Stack:
                     row["ready"] = False
             out[name] = row
         return out
+
+
+@contextmanager
+def private_stack(prefix: str, infra: Iterable[str] = INFRA, services: Iterable[str] = SERVICES) -> Iterator[Stack]:
+    """A throwaway stack in a temporary directory (the benchmarks'): ``infra`` and ``services`` started for the
+    ``with`` block, then brought down (also when start-up or the block fails) and the directory removed."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        stack = Stack(root=Path(tmp))
+        try:
+            stack.start_infra(infra)
+            stack.start_services(services)
+            yield stack
+        finally:
+            stack.down()
