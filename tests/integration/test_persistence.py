@@ -12,6 +12,8 @@ import httpx
 import pytest
 from ctxbuild_platform.errors import RemoteError
 
+from tests.support.persistence import append, event, new_id
+
 pytestmark = pytest.mark.integration
 
 SHA = "0f" * 32
@@ -20,18 +22,6 @@ SHA = "0f" * 32
 @pytest.fixture(scope="module")
 def persistence(start_service) -> str:
     return start_service("persistence")
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-def event(type_: str, data: dict, **extra) -> dict:
-    return {"eventId": new_id(), "type": type_, "data": data, **extra}
-
-
-async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
-    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
 
 
 async def test_ready(persistence):

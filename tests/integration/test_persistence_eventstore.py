@@ -13,24 +13,14 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 
+from tests.support.persistence import append, event, new_id
+
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def persistence(start_service) -> str:
     return start_service("persistence")
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-def event(type_: str, data: dict, **extra) -> dict:
-    return {"eventId": new_id(), "type": type_, "data": data, **extra}
-
-
-async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
-    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
 
 
 async def test_ten_appenders_at_the_same_version_exactly_one_wins_each_version(persistence, rpc):

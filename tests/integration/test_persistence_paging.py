@@ -5,10 +5,11 @@ turn start reads only the window from the deepest compaction boundary."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 from ctxbuild_platform.errors import RemoteError
+
+from tests.support.persistence import append, event, new_id
 
 pytestmark = pytest.mark.integration
 
@@ -21,20 +22,8 @@ def persistence(start_service) -> str:
     return start_service("persistence")
 
 
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-def event(type_: str, data: dict) -> dict:
-    return {"eventId": new_id(), "type": type_, "data": data}
-
-
 def wire_size(reply: dict) -> int:
     return len(json.dumps(reply, ensure_ascii=False, separators=(",", ":")).encode())
-
-
-async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
-    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
 
 
 async def fill_stream(rpc, stream: str, count: int) -> list[str]:

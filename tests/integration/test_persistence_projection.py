@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import asyncpg
 import pytest
@@ -18,6 +17,8 @@ from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot
 from ctxbuild_persistence.domain.conversation import history
 from ctxbuild_platform.errors import RemoteError
+
+from tests.support.persistence import append, event, new_id
 
 pytestmark = pytest.mark.integration
 
@@ -29,20 +30,8 @@ def persistence(start_service) -> str:
     return start_service("persistence")
 
 
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-def event(type_: str, data: dict) -> dict:
-    return {"eventId": new_id(), "type": type_, "data": data}
-
-
 def msg(id_: str, role: str = "user", text: str | None = None, **extra) -> dict:
     return {"id": id_, "role": role, "parts": [{"type": "text", "text": text or id_}], **extra}
-
-
-async def append(rpc, stream: str, events: list[dict], expected: int | None = None) -> dict:
-    return await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": expected, "events": events})
 
 
 async def folded(rpc, cid: str, anchor: str | None = None) -> dict:
