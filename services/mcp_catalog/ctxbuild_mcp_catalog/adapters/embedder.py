@@ -57,7 +57,8 @@ class MiniLmEmbedder:
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.no_padding()
         self.dim = self.hidden
-        digest = hashlib.sha256((model_dir / "model.safetensors").read_bytes()[:1 << 20]).hexdigest()[:12]
+        with (model_dir / "model.safetensors").open("rb") as f:  # the first MiB names the weights: no second full read
+            digest = hashlib.sha256(f.read(1 << 20)).hexdigest()[:12]
         self.model_id = f"{MODEL_ID}#{digest}"
         self._lock = threading.Lock()  # tokenizers' truncation state is per object
 
