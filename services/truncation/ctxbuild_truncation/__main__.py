@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform import claims
-from ctxbuild_platform.rpc import RpcClient
+from ctxbuild_platform.rpc import RpcClient, raw_body
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
@@ -20,17 +20,12 @@ QUEUE = "truncation"
 DESCRIPTION = "In-flight lane for one step's tool results: trim oversized outputs, offload the full text."
 
 
-async def _raw(message: NatsMessage) -> bytes:
-    """Decoder: the body stays bytes here; the handler parses it (on a CPU thread when it is large)."""
-    return message.body
-
-
 def subscribe(broker: NatsBroker, handler: StepHandler, max_workers: int) -> None:
     """`ctx.truncate.step`, queue group `truncation` (contracts are checked by the handler, as `rpc` does; a
     request or reply over the NATS inline limit travels by the platform's claim check, as with `rpc`)."""
 
     @broker.subscriber(SUBJECT, queue=QUEUE, max_workers=max_workers, title=SUBJECT, description=DESCRIPTION,
-                       decoder=_raw)
+                       decoder=raw_body)  # the handler parses the body (on a CPU thread when it is large)
     async def step(message: NatsMessage) -> bytes:
         return await claims.answer(broker, message, handler.handle)
 
