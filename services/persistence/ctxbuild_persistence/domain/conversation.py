@@ -186,22 +186,15 @@ def window_of(path: list[dict[str, Any]], window: PathWindow) -> tuple[list[dict
     return out, start, cleared
 
 
-def history(conversation_id: str, events: Iterable[Mapping[str, Any]], anchor_id: str | None = None,
-            window: PathWindow | None = None) -> dict[str, Any]:
-    """The ``ctx.persist.history`` reply for a conversation's events (raises NotFound for no events); with a
-    ``window``, one page of the path (see :func:`window_of`)."""
+def history(conversation_id: str, events: Iterable[Mapping[str, Any]],
+            anchor_id: str | None = None) -> dict[str, Any]:
+    """The ``ctx.persist.history`` reply for a conversation's events (raises NotFound for no events)."""
     conv = fold(conversation_id, events)
     if conv.event_count == 0:
         raise NotFound(f"conversation {conversation_id!r} has no events",
                        details={"conversationId": conversation_id})
-    path = path_to(conv, anchor_id)
-    if window is None:
-        return history_reply(conversation_id, conv.version, conv.title, path,
-                             [dict(a) for a in conv.attachments.values()], source="fold")
-    messages, start, cleared = window_of(path, window)
-    return history_reply(conversation_id, conv.version, conv.title, messages,
-                         [dict(a) for a in conv.attachments.values()], source="fold",
-                         page=page_info(messages, start, cleared))
+    return history_reply(conversation_id, conv.version, conv.title, path_to(conv, anchor_id),
+                         [dict(a) for a in conv.attachments.values()], source="fold")
 
 
 def page_info(messages: list[dict[str, Any]], start: str, cleared_before: bool) -> dict[str, Any]:
