@@ -71,10 +71,10 @@ async def raw_body(message: NatsMessage) -> bytes:
 def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
-        async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
-            async def run(raw: bytes) -> bytes:
-                return claims.encode_json(await dispatch(subject, raw, fn))
+        async def run(raw: bytes) -> bytes:
+            return claims.encode_json(await dispatch(subject, raw, fn))
 
+        async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
             return await claims.answer(broker, message, run)
 
         handler.__name__ = fn.__name__
