@@ -323,6 +323,10 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
 
     async def turn_state(conversation_id: str, turn_id: str, who: Principal):
         await conversation_settings(conversation_id, who)
+        return await turn_of(conversation_id, turn_id)
+
+    async def turn_of(conversation_id: str, turn_id: str):
+        """A turn of a conversation whose ownership the caller has checked."""
         events = await backends.read_stream_all(f"turn:{turn_id}")
         st = fold(turn_id, events)
         if st.command is None or st.command.get("conversationId") != conversation_id:
@@ -351,11 +355,13 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
             return {"kind": "replay", "scriptRef": {"sha256": stored["sha256"], "size": stored["size"]}}
         return data
 
-    async def enqueue(conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
-                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None) -> None:
+    def check_max_steps(max_steps: int | None) -> None:
         if max_steps is not None and max_steps > max_steps_limit:
             raise ServiceError(f"maxSteps {max_steps} is above this server's limit {max_steps_limit}",
                                code="invalid-payload")
+
+    async def enqueue(conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
+                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None) -> None:
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn continues this request's trace on whichever replica runs it
         cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
@@ -477,9 +483,7 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         conversation); the user message hangs under the conversation's latest message."""
         if (size := len(body.text.encode())) > limits.turn_text_bytes:
             raise too_large("the turn text", size, limits.turn_text_bytes, "bytes", "MAX_TURN_TEXT_BYTES")
-        if body.maxSteps is not None and body.maxSteps > max_steps_limit:
-            raise ServiceError(f"maxSteps {body.maxSteps} is above this server's limit {max_steps_limit}",
-                               code="invalid-payload")
+        check_max_steps(body.maxSteps)
         cs = await conversation_settings(conversation_id, who)
         checked = checked_provider(body.provider)
         turn_id, msg_id = new_id("turn"), new_id("msg")
@@ -508,15 +512,13 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         """A new turn over the same user message: its answer is a sibling branch of the regenerated one. 409
         ``turn-in-progress`` while a turn of the conversation is running (the regenerated one included)."""
         body = body or Regenerate()
-        st, _ = await turn_state(conversation_id, turn_id, who)
         cs = await conversation_settings(conversation_id, who)
+        st, _ = await turn_of(conversation_id, turn_id)
         checked = checked_provider(body.provider) if body.provider else None
         new_turn = new_id("turn")
         cmd = st.command or {}
         max_steps = body.maxSteps if body.maxSteps is not None else cmd.get("maxSteps")
-        if max_steps is not None and max_steps > max_steps_limit:
-            raise ServiceError(f"maxSteps {max_steps} is above this server's limit {max_steps_limit}",
-                               code="invalid-payload")
+        check_max_steps(max_steps)
         await admit_for(who, conversation_id, new_turn, cmd["userMessageId"], regenerate_of=turn_id)
         try:
             provider = (await provider_payload(conversation_id, new_turn, checked) if checked
