@@ -151,14 +151,20 @@ class PathWindow:
             self.max_messages > 0 and taken >= self.max_messages and message.get("role") == "user")
 
 
+def referenced_bytes(message: Mapping[str, Any]) -> int:
+    """The size of the parts a content reference stands for (history resolves them before replying); 0 when the
+    parts are inline."""
+    parts = message.get("parts")
+    ref = parts.get("contentRef") if isinstance(parts, Mapping) else None
+    size = ref.get("size") if isinstance(ref, Mapping) else None
+    return size if isinstance(size, int) else 0
+
+
 def message_bytes(message: Mapping[str, Any]) -> int:
     """What a message costs in a reply: its JSON, plus the parts a content reference stands for."""
     body = {k: v for k, v in message.items() if k != "compactionSummary"}
-    parts = message.get("parts")
-    extra = parts["contentRef"].get("size", 0) if isinstance(parts, Mapping) and isinstance(
-        parts.get("contentRef"), Mapping) else 0
     return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")) + \
-        int(extra)
+        referenced_bytes(message)
 
 
 def window_of(path: list[dict[str, Any]], window: PathWindow) -> tuple[list[dict[str, Any]], str, bool]:

@@ -22,7 +22,13 @@ from typing import Any
 
 from ctxbuild_platform.text import LONE_SURROGATE, first_bad_text
 
-from .conversation import ATTACHMENT_FIELDS, attachment_refs_of, persisted_uris_of, resolve_message
+from .conversation import (
+    ATTACHMENT_FIELDS,
+    attachment_refs_of,
+    persisted_uris_of,
+    referenced_bytes,
+    resolve_message,
+)
 
 CONVERSATION_PREFIX = "conversation:"
 PROJECTION = "conversation"  # its row in persistence.projection_tracking
@@ -72,10 +78,7 @@ class MessageRow:
 
     def size_bytes(self, body_text: str) -> int:
         """The row's read cost: its body's JSON bytes plus the parts a content reference stands for."""
-        parts = self.body.get("parts")
-        ref = parts.get("contentRef") if isinstance(parts, Mapping) else None
-        extra = ref.get("size") if isinstance(ref, Mapping) else None
-        return len(body_text.encode("utf-8")) + (int(extra) if isinstance(extra, int) else 0)
+        return len(body_text.encode("utf-8")) + referenced_bytes(self.body)
 
 
 @dataclass(frozen=True, slots=True)
