@@ -68,16 +68,21 @@ class ServedRequest:
     doc: dict[str, Any]
 
 
-def stack_url(stack_dir: Path) -> str | None:
-    """The orchestration URL a local stack (`make up`) wrote, if there is one."""
+def stack_env(stack_dir: Path, name: str) -> str | None:
+    """A setting a local stack (`make up`) wrote to <stack dir>/stack.env, if there is one."""
     env_file = stack_dir / "stack.env"
     if not env_file.is_file():
         return None
     for line in env_file.read_text().splitlines():
         key, sep, value = line.partition("=")
-        if sep and key.strip() == STACK_ENV_KEY and value.strip():
+        if sep and key.strip() == name and value.strip():
             return value.strip()
     return None
+
+
+def stack_url(stack_dir: Path) -> str | None:
+    """The orchestration URL a local stack (`make up`) wrote, if there is one."""
+    return stack_env(stack_dir, STACK_ENV_KEY)
 
 
 def resolve_url(flag: str | None, stack_dir: Path) -> str:
@@ -93,14 +98,7 @@ def stack_api_key(stack_dir: Path) -> str | None:
 
 def stack_admin_key(stack_dir: Path) -> str | None:
     """The local stack's bootstrap admin key (CTX_ADMIN_API_KEY in <stack dir>/stack.env), if there is one."""
-    env_file = stack_dir / "stack.env"
-    if not env_file.is_file():
-        return None
-    for line in env_file.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "CTX_ADMIN_API_KEY" and value.strip():
-            return value.strip()
-    return None
+    return stack_env(stack_dir, "CTX_ADMIN_API_KEY")
 
 
 def resolve_api_key(flag: str | None, stack_dir: Path) -> str | None:
