@@ -107,6 +107,23 @@ def cleared(edge, rpc) -> dict[str, Any]:
     return {"cid": cid, "marker": marker, "uri": uri, "handle": att["handle"], "edge": edge, "rpc": rpc}
 
 
+def revoked_reads(uri: str, handle: str) -> list[dict[str, Any]]:
+    """One step reading the archived output and the attachment, next to a URI that exists nowhere (the baseline
+    an archived output's refusal must look like)."""
+    return [{"toolCalls": [
+        {"toolName": "fs_read", "input": {"uri": uri}},
+        {"toolName": "read_file", "input": {"filename": handle}},
+        {"toolName": "fs_read", "input": {"uri": f"context://vfs/vfs_{uid()[:16]}.txt"}}]}, {"text": "done"}]
+
+
+def assert_revoked(outs: list[dict[str, Any]], which: str, marker: str, stored: str) -> None:
+    text = refusal(outs[0 if which == "archived-output" else 1])
+    assert text.startswith("[Error: not-found]"), text
+    if which == "archived-output":
+        assert same_shape(text, refusal(outs[2]))
+    assert marker not in stored
+
+
 async def add_clear_marker(rpc, edge: Edge, cid: str) -> None:
     last = edge.messages(cid)[-1]["id"]
     marker = {"id": f"msg_clear_{uid()[:12]}", "parentId": last, "role": "user",
@@ -119,21 +136,13 @@ async def add_clear_marker(rpc, edge: Edge, cid: str) -> None:
 async def after_clear(cleared) -> dict[str, Any]:
     edge, cid = cleared["edge"], cleared["cid"]
     await add_clear_marker(cleared["rpc"], edge, cid)
-    turn = edge.turn(cid, [{"toolCalls": [
-        {"toolName": "fs_read", "input": {"uri": cleared["uri"]}},
-        {"toolName": "read_file", "input": {"filename": cleared["handle"]}},
-        {"toolName": "fs_read", "input": {"uri": f"context://vfs/vfs_{uid()[:16]}.txt"}}]}, {"text": "done"}])
+    turn = edge.turn(cid, revoked_reads(cleared["uri"], cleared["handle"]))
     return {"turn": turn, "outs": turn.outputs(), "stored": edge.stored(turn)}
 
 
 @pytest.mark.parametrize("which", ["archived-output", "attachment"])
 def test_a_clear_context_marker_revokes_reads(after_clear, cleared, which):
-    outs = after_clear["outs"]
-    text = refusal(outs[0 if which == "archived-output" else 1])
-    assert text.startswith("[Error: not-found]"), text
-    if which == "archived-output":
-        assert same_shape(text, refusal(outs[2]))
-    assert cleared["marker"] not in after_clear["stored"]
+    assert_revoked(after_clear["outs"], which, cleared["marker"], after_clear["stored"])
 
 
 @pytest.fixture(scope="module")
@@ -147,21 +156,13 @@ def windowed(edge) -> dict[str, Any]:
     first = edge.turn(cid, [{"toolCalls": [{"toolName": "shell", "input": {"cmd": "cat log"}, "output": big}]},
                             {"text": "ok"}], tools=[{"name": "shell", "description": "run a command"}])
     uri = offloaded_uri(first)
-    second = edge.turn(cid, [{"toolCalls": [
-        {"toolName": "fs_read", "input": {"uri": uri}},
-        {"toolName": "read_file", "input": {"filename": att["handle"]}},
-        {"toolName": "fs_read", "input": {"uri": f"context://vfs/vfs_{uid()[:16]}.txt"}}]}, {"text": "done"}])
+    second = edge.turn(cid, revoked_reads(uri, att["handle"]))
     return {"marker": marker, "outs": second.outputs(), "stored": edge.stored(second)}
 
 
 @pytest.mark.parametrize("which", ["archived-output", "attachment"])
 def test_a_max_messages_window_revokes_reads(windowed, which):
-    outs = windowed["outs"]
-    text = refusal(outs[0 if which == "archived-output" else 1])
-    assert text.startswith("[Error: not-found]"), text
-    if which == "archived-output":
-        assert same_shape(text, refusal(outs[2]))
-    assert windowed["marker"] not in windowed["stored"]
+    assert_revoked(windowed["outs"], which, windowed["marker"], windowed["stored"])
 
 
 @pytest.fixture(scope="module")
