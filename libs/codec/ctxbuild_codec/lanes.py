@@ -146,13 +146,16 @@ class TrimPlan:
         return None
 
     @property
+    def output_cut(self) -> Cut | None:
+        """The cut of a whole original output (of=output, key ``ORIGINAL_KEY``); None for any other plan."""
+        return next((c for c in self.cuts if c.key == ORIGINAL_KEY), None)
+
+    @property
     def original_cut(self) -> Cut | None:
         """The blob holding the original output: its own cut (of=output) or the text cut (of=value)."""
         if self.original is None:
             return None
-        if self.original.of == OF_VALUE:
-            return self.text_cut
-        return next((c for c in self.cuts if c.key == ORIGINAL_KEY), None)
+        return self.text_cut if self.original.of == OF_VALUE else self.output_cut
 
     @property
     def blobs(self) -> list[Cut]:
@@ -356,7 +359,7 @@ def apply_inflight(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str
 
 def records(plan: TrimPlan, written: Mapping[str, str | None]) -> list[TrimRecord]:
     """One record per cut that changed the output (in flight: a failed entity write changed nothing)."""
-    ocut = plan.original_cut if plan.original is not None and plan.original.of == OF_OUTPUT else None
+    ocut = plan.output_cut
     if ocut is not None and written_uri(ocut, written) is None and plan.lane == "inflight":
         return []  # the original was not stored: the part stays whole
     out = []
@@ -467,7 +470,7 @@ def apply_persist(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str,
             return part if isinstance(part, dict) else dict(part)
         envelope = _blob_ref_fields(cut)
         envelope["shape"] = plan.shape
-        ocut = plan.original_cut if plan.original is not None and plan.original.of == OF_OUTPUT else None
+        ocut = plan.output_cut
         if ocut is not None and written_uri(ocut, written) is not None:
             # every block and the metadata are in the original blob: the event keeps only what markers name
             envelope["original"] = {"fileEntryId": ocut.sha256, "vfsFilename": vfs_handle(ocut.sha256),
