@@ -26,7 +26,7 @@ import structlog
 from ctxbuild_platform.errors import NotFound
 from opentelemetry import metrics
 
-from ..domain.conversation import PathWindow
+from ..domain.conversation import PathWindow, history_reply, page_info
 from ..domain.projection import (
     PROJECTION,
     Changes,
@@ -405,8 +405,6 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
     """The history reply from the projection, or None when the projection is not yet at ``at_least``. One
     page of the path (``window``; default: the whole path in one page); ``resolve`` reads back message parts
     stored by content reference."""
-    from ..domain.conversation import history_reply, page_info
-
     window = window or PathWindow(max_bytes=1 << 62)
     async with db_errors(), db.pool.acquire() as conn, \
             conn.transaction(isolation="repeatable_read", readonly=True):
