@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from security_support import (
 )
 
 from tests.support.auth import AUTH
+from tests.support.persistence import append, event
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -128,8 +128,7 @@ async def add_clear_marker(rpc, edge: Edge, cid: str) -> None:
     last = edge.messages(cid)[-1]["id"]
     marker = {"id": f"msg_clear_{uid()[:12]}", "parentId": last, "role": "user",
               "parts": [{"type": "text", "text": "/clear"}], "clearContext": True}
-    await rpc.call("ctx.persist.append", {"streamId": f"conversation:{cid}", "expectedVersion": None, "events": [
-        {"eventId": str(uuid.uuid4()), "type": "UserMessageAdded", "data": {"message": marker}}]})
+    await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": marker})])
 
 
 @pytest.fixture(scope="module")

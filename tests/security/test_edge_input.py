@@ -19,6 +19,7 @@ from ctxbuild_persistence.adapters.event_store import APPEND_LOCK
 from ctxbuild_platform.errors import RemoteError
 
 from tests.support.auth import AUTH
+from tests.support.persistence import append, event
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -349,18 +350,13 @@ async def test_a_turn_right_after_the_previous_one_ended_is_accepted(http):
 
 # ------------------------------------------------------------------------------------------------ persistence
 
-def _event(type_: str, data: dict) -> dict:
-    return {"eventId": str(uuid.uuid4()), "type": type_, "data": data}
-
-
 @pytest.mark.parametrize("data", [{"conversationId": "c", "title": "a\x00b"}, {"conversationId": "c",
                                                                                   "title": "a\ud800b"}],
                          ids=["nul-title", "surrogate-title"])
 async def test_persistence_refuses_at_append_what_it_could_never_project(base, rpc, pg, data):
     stream = f"conversation:conv_{uuid.uuid4().hex[:20]}"
     with pytest.raises(RemoteError) as err:
-        await rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": 0,
-                                              "events": [_event("ConversationCreated", data)]})
+        await append(rpc, stream, [event("ConversationCreated", data)], expected=0)
     assert err.value.code == "invalid-payload" and "cannot be stored" in err.value.message
     assert await stream_version(pg, stream) == 0
 
@@ -400,9 +396,8 @@ async def test_an_event_the_projection_cannot_apply_is_parked_and_the_rest_goes_
     position = await insert_behind_the_service(pg, f"conversation:{bad_cid}", type_, data_json)
     # another conversation written after it: the projection must get past the bad event to serve it
     cid = (await http.post("/v1/conversations", json={"title": "a neighbour"}, timeout=30)).json()["id"]
-    await rpc.call("ctx.persist.append", {"streamId": f"conversation:{cid}", "expectedVersion": None, "events": [
-        _event("UserMessageAdded", {"message": {"id": "msg_n1", "role": "user",
-                                                "parts": [{"type": "text", "text": "hello"}]}})]})
+    await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
+        "id": "msg_n1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}})])
     hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == "hello"
     await projection_at(pg, position)
@@ -431,10 +426,8 @@ async def test_a_nul_inside_a_message_body_is_projected_not_parked(http, rpc, pg
     byte for byte (it used to fail the messages row's generated columns, migration 0004)."""
     cid = (await http.post("/v1/conversations", json={"title": "binary-ish"}, timeout=30)).json()["id"]
     text = "before\x00after"
-    result = await rpc.call("ctx.persist.append", {"streamId": f"conversation:{cid}", "expectedVersion": None,
-                                                   "events": [_event("UserMessageAdded", {"message": {
-                                                       "id": "msg_nul", "role": "user",
-                                                       "parts": [{"type": "text", "text": text}]}})]})
+    result = await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
+        "id": "msg_nul", "role": "user", "parts": [{"type": "text", "text": text}]}})])
     hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == text
     assert await pg.fetchval("SELECT count(*) FROM persistence.parked_events WHERE position = $1",
