@@ -241,14 +241,19 @@ class PersistLane:
                               uris: Sequence[str | None], conversation_id: str) -> None:
         """A retry found its events already stored: references this attempt added for blobs the stored messages
         do not name (e.g. the first attempt kept a full output while the blob store was down) are released, so
-        the references match what was committed."""
+        the references match what was committed. Only the messages this attempt wrote blobs for are read back
+        (their parts may be a content reference)."""
+        written = {w.message_id for w, uri in zip(writes, uris) if uri is not None}
+        if not written:
+            return
         try:
             named: set[tuple[str, str]] = set()
             for position in positions:
                 stored = await self.store.event_at(position)
                 for m in (stored or {}).get("data", {}).get("messages", []):
-                    m = await self.blobs.resolve_parts(conversation_id, m)
-                    named |= {(m["id"], sha) for sha in _named_blobs(m)}
+                    if m.get("id") in written:
+                        m = await self.blobs.resolve_parts(conversation_id, m)
+                        named |= {(m["id"], sha) for sha in _named_blobs(m)}
         except Exception as exc:  # noqa: BLE001 - keep the references (storage), never lose a named blob
             log.warning("release-skipped", error=f"{type(exc).__name__}: {exc}"[:200])
             return
