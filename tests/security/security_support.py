@@ -130,6 +130,11 @@ def refusal(out: dict[str, Any]) -> str:
     return out["output"]["value"]
 
 
+async def stream_version(pg, stream: str) -> int:
+    """The stream's last version in the event store (0: nothing stored)."""
+    return await pg.fetchval("SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream)
+
+
 def start_all(stack, start_service) -> str:
     """The six services as processes on the session's stack (each once per session); the edge's base URL."""
     for name in SERVICES:

@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from ctxbuild_devstack import free_port
 from ctxbuild_devstack.replica import Replica
-from security_support import Edge, start_all, uid, victim_conversation
+from security_support import Edge, start_all, stream_version, uid, victim_conversation
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -97,10 +97,6 @@ def unauthenticated(r: httpx.Response) -> None:
     assert r.headers["www-authenticate"].startswith("Bearer")
     body = r.json()
     assert body["code"] == "unauthenticated" and body["retryable"] is False and body["message"]
-
-
-async def stream_version(pg, stream: str) -> int:
-    return await pg.fetchval("SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream)
 
 
 # ---------------------------------------------------------------- no credential, bad credentials

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
-from ctxbuild_devstack import SERVICES
 from ctxbuild_persistence.adapters.event_store import APPEND_LOCK
 from ctxbuild_platform.errors import RemoteError
+from security_support import start_all, stream_version
 
 from tests.support.auth import AUTH
 from tests.support.persistence import append, event
@@ -36,9 +36,7 @@ TERMINAL = ("TurnCompleted", "TurnFailed")
 
 @pytest.fixture(scope="module")
 def base(stack, start_service) -> str:
-    for name in SERVICES:
-        start_service(name)
-    return stack.env["CTX_ORCHESTRATION_HTTP"]
+    return start_all(stack, start_service)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -88,10 +86,6 @@ async def wait_terminal(http: httpx.AsyncClient, cid: str, tid: str) -> dict:
 
 async def events_holding(pg, marker: str) -> int:
     return await pg.fetchval("SELECT count(*) FROM persistence.events WHERE strpos(data::text, $1) > 0", marker)
-
-
-async def stream_version(pg, stream: str) -> int:
-    return await pg.fetchval("SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream)
 
 
 # ------------------------------------------------------------------------------------------------ bad text
