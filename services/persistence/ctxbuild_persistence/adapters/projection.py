@@ -395,17 +395,10 @@ SELECT coalesce(bool_or(clear), false) FROM up WHERE NOT is_cycle
 Resolve = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
 
 
-async def _no_refs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return messages
-
-
 async def read_history(db: Database, conversation_id: str, anchor_id: str | None, at_least: int,
-                       include_branches: bool = False, window: PathWindow | None = None,
-                       resolve: Resolve = _no_refs) -> dict[str, Any] | None:
+                       include_branches: bool, window: PathWindow, resolve: Resolve) -> dict[str, Any] | None:
     """The history reply from the projection, or None when the projection is not yet at ``at_least``. One
-    page of the path (``window``; default: the whole path in one page); ``resolve`` reads back message parts
-    stored by content reference."""
-    window = window or PathWindow(max_bytes=1 << 62)
+    page of the path (``window``); ``resolve`` reads back message parts stored by content reference."""
     async with db_errors(), db.pool.acquire() as conn, \
             conn.transaction(isolation="repeatable_read", readonly=True):
         # a conversation with a parked event is not whole in the projection: its history is folded instead
