@@ -333,24 +333,24 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
             raise ServiceError(f"turn {turn_id} not found in conversation {conversation_id}", code="not-found")
         return st, events
 
-    def checked_provider(spec: BaseModel) -> tuple[dict[str, Any], str | None]:
+    def checked_provider(spec: BaseModel) -> tuple[dict[str, Any], bytes | None]:
         """The provider spec as data (and a replay script's JSON), refused early: not configured, over the limit."""
         data = spec.model_dump(exclude_none=True)
         check_provider(data)
         if data["kind"] != "replay":
             return data, None
-        raw = json.dumps({"script": data["script"], "tools": data.get("tools", [])}, ensure_ascii=False)
-        if (size := len(raw.encode())) > limits.replay_script_bytes:
+        raw = json.dumps({"script": data["script"], "tools": data.get("tools", [])}, ensure_ascii=False).encode()
+        if (size := len(raw)) > limits.replay_script_bytes:
             raise too_large("the replay script", size, limits.replay_script_bytes, "bytes of JSON",
                             "MAX_REPLAY_SCRIPT_BYTES")
         return data, raw
 
-    async def provider_payload(conversation_id: str, turn_id: str, checked: tuple[dict[str, Any], str | None]
+    async def provider_payload(conversation_id: str, turn_id: str, checked: tuple[dict[str, Any], bytes | None]
                                ) -> dict[str, Any]:
         """The provider as the turn command records it: never a secret; a large replay script by reference."""
         data, raw = checked
-        if raw is not None and len(raw.encode()) > REPLAY_INLINE_MAX_BYTES:
-            stored = await backends.blobs.put(raw, conversation_id, ("turn", turn_id), "tool_output",
+        if raw is not None and len(raw) > REPLAY_INLINE_MAX_BYTES:
+            stored = await backends.blobs.put(raw, conversation_id, content.turn_owner(turn_id), content.KEPT,
                                               media_type="application/json")
             return {"kind": "replay", "scriptRef": {"sha256": stored["sha256"], "size": stored["size"]}}
         return data
