@@ -209,3 +209,14 @@ def test_five_megabyte_web_page(edge, pages):
         text = json.dumps(full)
         # the page body as web_fetch read it (cut at its byte cap at most), whole in the read-back
         assert text.count("a very long field report") >= (PAGE_BYTES // 90)
+
+
+def test_an_answer_larger_than_any_event(edge):
+    answer = "é" * 40_000  # 80 KB of JSON: over the 64 KiB an event may hold
+    with httpx.Client(base_url=edge, timeout=120, headers=AUTH) as http:
+        cid = conversation(http)
+        _, events = run_turn(http, cid, "write it all out", [{"text": answer}])
+        (done,) = [e for e in events if e["type"] == "TurnCompleted"]
+        assert done["data"]["answer"] == answer  # the turn log presents it inline
+        last = http.get(f"/v1/conversations/{cid}/messages").json()["messages"][-1]
+        assert last["role"] == "assistant" and last["parts"] == [{"type": "text", "text": answer}]

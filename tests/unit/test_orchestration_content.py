@@ -103,3 +103,15 @@ async def test_the_edge_presents_content_inline_and_leaves_the_checkpoint_prefix
     assert shown[3]["data"]["output"] == messages[1]["parts"][0]["output"]
     assert shown[4] == events[4] and content_ref.is_ref(shown[4]["data"]["compactedPrefix"])
     assert await content_ref.resolve(blobs, ck["compactedPrefix"], C) == prefix
+
+
+async def test_a_long_answer_travels_by_reference_and_is_presented_inline():
+    blobs = MemoryBlobs()
+    answer = "é" * 40_000  # 80 KB of JSON: more than an event may hold
+    data = {"turnId": T, "steps": 1, "answer": await content.small_value(blobs, answer, C, T), "messageIds": ["m"]}
+    contracts.validate("events/TurnCompleted.json", data)
+    assert content_ref.is_ref(data["answer"]) and len(json.dumps(data)) < 1_000
+    shown = await content.present_event(blobs, {"type": "TurnCompleted", "data": data}, C)
+    assert shown["data"]["answer"] == answer
+    short = {"turnId": T, "steps": 1, "answer": await content.small_value(blobs, "done", C, T)}
+    assert short["answer"] == "done"

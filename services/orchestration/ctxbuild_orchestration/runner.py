@@ -345,8 +345,9 @@ class TurnRunner:
         await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
                                           event_id=event_id(st.turn_id, "persist"))
         await self._release_provisional(st.turn_id)
-        answer = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
+        text = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
             if messages else ""
+        answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
         await self.backends.append(ts.stream, [{"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
                                                 "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
                                                          "messageIds": [m["id"] for m in messages]}}])

@@ -1,7 +1,8 @@
 """Turn events stay small (SPEC §15.1): large content is stored as a blob and the event names it by reference
 (``ctxbuild_blobclient.content_ref``, ``contracts/model/content-ref.json``).
 
-Write side (the runner): an assistant message's parts, a tool call's input and a tool result's output are inline
+Write side (the runner): an assistant message's parts, a tool call's input, a tool result's output and a
+turn's answer are inline
 when small, by reference when large — kept blobs of the turn (``tool_output``, like the served requests: the turn
 log shows them). A checkpoint's compacted prefix is a provisional blob of the turn: it is needed to resume the turn
 and released when the turn ends.
@@ -72,6 +73,8 @@ async def present_event(blobs: content_ref.BlobPort, event: dict[str, Any], conv
         d = {**d, "input": await content_ref.resolve(blobs, d["input"], conversation_id)}
     elif t == "ToolResultRecorded" and content_ref.is_ref(d.get("output")):
         d = {**d, "output": await content_ref.resolve(blobs, d["output"], conversation_id)}
+    elif t == "TurnCompleted" and content_ref.is_ref(d.get("answer")):
+        d = {**d, "answer": await content_ref.resolve(blobs, d["answer"], conversation_id)}
     else:
         return event
     return {**event, "data": d}
