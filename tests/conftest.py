@@ -31,7 +31,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Real NATS + Postgres + SeaweedFS for the whole session."""
-    st = Stack(root=tmp_path_factory.mktemp("stack"), fast_fsync=True)
+    st = Stack(root=tmp_path_factory.mktemp("stack"), fast_fsync=True, owner_pid=os.getpid())  # dies with the run
     try:
         st.start_infra()
         yield st

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 import uuid
 
@@ -31,7 +32,7 @@ def uid() -> str:
 
 @pytest.fixture(scope="module")
 def private(tmp_path_factory) -> Stack:
-    st = Stack(root=tmp_path_factory.mktemp("blobstore-failures"), fast_fsync=True)
+    st = Stack(root=tmp_path_factory.mktemp("blobstore-failures"), fast_fsync=True, owner_pid=os.getpid())
     try:
         st.start_infra()
         st.start_service("blobstore", extra_env=BASE_ENV)

@@ -16,9 +16,13 @@ console = Console()
 DirOpt = Annotated[Path, typer.Option("--dir", help="stack state directory")]
 
 
+READY_WAIT_S = 30.0  # a live service reconnecting to a restarted NATS / Postgres gets this long before a restart
+
+
 @app.command()
 def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help="only NATS, Postgres, S3")) -> None:
-    """Start NATS, PostgreSQL, SeaweedFS and the six services (idempotent)."""
+    """Start NATS, PostgreSQL, SeaweedFS and the six services (idempotent). A dead component comes back on its own
+    port; a live service that does not become ready is restarted; "stack up" only when every one is ready."""
     st = Stack.load(dir)
     try:
         with console.status("starting infrastructure…"):
@@ -26,12 +30,21 @@ def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help
         if not infra_only:
             for name in SERVICES:
                 with console.status(f"starting {name}…"):
+                    if st.alive(name) and not st.wait_ready(name, READY_WAIT_S):
+                        console.print(f"[yellow]{name} alive but not ready after {READY_WAIT_S:.0f}s: "
+                                      "restarting it[/yellow]")
+                        st.stop(name)
                     st.start_service(name)
             if st.env.get("CTX_ADMIN_API_KEY"):
                 st.ensure_api_key()  # already running: the key is still there (or issued again)
     except StackError as exc:
         console.print(f"[red]stack failed:[/red] {exc}")
         raise typer.Exit(1) from exc
+    names = [*INFRA] if infra_only else [*INFRA, *SERVICES]
+    not_ready = [n for n in names if not st.ready(n)]
+    if not_ready:
+        console.print(f"[red]stack not ready:[/red] {', '.join(not_ready)} (make status, make logs NAME=…)")
+        raise typer.Exit(1)
     console.print(f"[green]stack up[/green]; environment in {st.env_file}")
     if not infra_only:
         if st.api_key_file.is_file():
@@ -50,19 +63,18 @@ def down(dir: DirOpt = Path(".stack")) -> None:
 
 @app.command()
 def status(dir: DirOpt = Path(".stack")) -> None:
-    """Show each process, whether it is alive and ready."""
+    """Show each component, whether it is alive and ready; exit 1 unless all nine are alive and ready."""
     st = Stack.load(dir)
     t = Table("component", "pid", "alive", "ready", "log")
     rows = st.status()
     for name in [*INFRA, *SERVICES]:
         r = rows.get(name)
         if r is None:
-            t.add_row(name, "-", "no", "-", "-")
+            t.add_row(name, "-", "no", "no", "-")
         else:
-            ready = {True: "yes", False: "no"}.get(r.get("ready"), "-")
-            t.add_row(name, str(r["pid"]), "yes" if r["alive"] else "no", ready, r["log"])
+            t.add_row(name, str(r["pid"]), "yes" if r["alive"] else "no", "yes" if r["ready"] else "no", r["log"])
     console.print(t)
-    if not all(r["alive"] for r in rows.values()) or not rows:
+    if not all(rows.get(n, {}).get("ready") for n in [*INFRA, *SERVICES]):
         raise typer.Exit(1)
 
 

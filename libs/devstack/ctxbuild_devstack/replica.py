@@ -26,6 +26,9 @@ class Replica:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         fh.close()
         self.url = f"http://127.0.0.1:{self.port}"
+        self._stack = stack
+        if hasattr(stack, "adopt"):
+            stack.adopt(name, self.proc.pid)  # dies with the stack's owner (tests, benchmarks) too
 
     def wait_ready(self, timeout: float = 60) -> Replica:
         deadline = time.monotonic() + timeout
@@ -45,6 +48,11 @@ class Replica:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self._disown()
+
+    def _disown(self) -> None:
+        if hasattr(self._stack, "disown"):
+            self._stack.disown(self.name)
 
     def stop(self, timeout: float = 30) -> int | None:
         if self.proc.poll() is None:
@@ -54,4 +62,5 @@ class Replica:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        self._disown()
         return self.proc.returncode

@@ -3,6 +3,13 @@
 Every process binds a free loopback port, logs to ``<dir>/logs/<name>.log`` and is recorded in
 ``<dir>/state.json`` so that ``down``/``status`` work from another process. Start-up waits for
 readiness probes, never for fixed sleeps. The same code backs ``make up`` and the test fixtures.
+
+Ports are recorded too (``ports`` in state.json): a component restarted after a crash (``up`` again, or a test's
+``stop``/``start_*``) comes back on its own port, so the services' connections (NATS, Postgres, S3 URLs) and the
+CLI's URL stay valid. A stack made with ``owner_pid`` (tests, benchmarks: ``private_stack``, the test fixtures) dies
+with that process: a watchdog (``python -m ctxbuild_devstack.watchdog``) SIGKILLs every process the stack
+recorded once the owner is gone, however it ended (SIGKILL included). ``make up``'s stack has no owner and
+outlives the command.
 """
 
 from __future__ import annotations
@@ -88,6 +95,26 @@ def _http_ok(url: str) -> bool:
     return httpx.get(url, timeout=1.0).status_code < 300
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, an identity
+    a recycled pid does not share. None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 @dataclass
 class Stack:
     """A stack rooted at ``root``. ``env`` holds what the services read (also written to stack.env)."""
@@ -96,6 +123,12 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, dict] = field(default_factory=dict)
     fast_fsync: bool = False  # tests may trade Postgres fsync for speed; JetStream always syncs
+    # component → its ports (and a service's extra env): what a restart reuses
+    ports: dict[str, dict] = field(default_factory=dict)
+    # tests and benchmarks: every process of the stack dies with this process (a watchdog), see the module doc
+    owner_pid: int | None = None
+    adopted: dict[str, int] = field(default_factory=dict)  # extra processes (replicas) the watchdog also kills
+    watchdog_pid: int | None = None
 
     @property
     def state_file(self) -> Path:
@@ -120,20 +153,75 @@ class Stack:
         if st.state_file.exists():
             data = json.loads(st.state_file.read_text())
             st.env, st.procs = data["env"], data["procs"]
+            st.ports, st.adopted = data.get("ports", {}), data.get("adopted", {})
+            st.owner_pid, st.watchdog_pid = data.get("owner"), data.get("watchdog")
         return st
 
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         # both hold secrets (the S3 and admin keys): the owner only
-        for path, text in ((self.state_file, json.dumps({"env": self.env, "procs": self.procs}, indent=2)),
+        state = {"env": self.env, "procs": self.procs, "ports": self.ports, "adopted": self.adopted,
+                 "owner": self.owner_pid, "watchdog": self.watchdog_pid}
+        for path, text in ((self.state_file, json.dumps(state, indent=2)),
                            (self.env_file, "".join(f"{k}={v}\n" for k, v in sorted(self.env.items())))):
-            path.touch(mode=0o600, exist_ok=True)
-            path.chmod(0o600)
-            path.write_text(text)
+            # written aside and renamed: the watchdog (another process) never reads half a file
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+
+    def _port(self, component: str, key: str) -> int:
+        """The component's recorded port for ``key`` when it is still free (a restart comes back where it was),
+        else a new free one (recorded)."""
+        known = self.ports.setdefault(component, {}).get(key)
+        if isinstance(known, int) and _port_free(known):
+            return known
+        port = free_port()
+        self.ports[component][key] = port
+        return port
+
+    # ---------- dying with the owner (tests, benchmarks) ----------
+    def _ensure_watchdog(self) -> None:
+        if self.owner_pid is None:
+            return
+        if self.watchdog_pid and proc_start_time(self.watchdog_pid) is not None:
+            return
+        start = proc_start_time(self.owner_pid)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.save()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / "watchdog.log", "ab") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ctxbuild_devstack.watchdog", "--owner", str(self.owner_pid),
+                 "--owner-start", start or "", "--state", str(self.state_file)],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.watchdog_pid = proc.pid
+        self.save()
+
+    def adopt(self, name: str, pid: int) -> None:
+        """Record an extra process (a replica started by a test) so that it dies with the stack's owner too."""
+        self.adopted[name] = pid
+        self.save()
+
+    def disown(self, name: str) -> None:
+        if self.adopted.pop(name, None) is not None:
+            self.save()
+
+    def _stop_watchdog(self) -> None:
+        if self.watchdog_pid:
+            try:
+                os.kill(self.watchdog_pid, signal.SIGTERM)
+                os.waitpid(self.watchdog_pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.watchdog_pid = None
 
     # ---------- process helpers ----------
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
                user: str | None = None, cwd: Path | None = None) -> subprocess.Popen:
+        self._ensure_watchdog()
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         fh = open(log, "ab")  # noqa: SIM115 - handed to the child
@@ -167,7 +255,7 @@ class Stack:
     def start_nats(self) -> None:
         if self.alive("nats"):
             return
-        port, mon = free_port(), free_port()
+        port, mon = self._port("nats", "client"), self._port("nats", "monitor")
         data = self.root / "nats"
         data.mkdir(parents=True, exist_ok=True)
         conf = self.root / "nats.conf"
@@ -222,7 +310,7 @@ class Stack:
                  "-U", "postgres"],
                 check=True, capture_output=True, user=user,
             )
-        port = free_port()
+        port = self._port("postgres", "port")
         sock = pgdata  # unix socket beside the data; we connect over TCP anyway
         argv = [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(pgdata), "-h", "127.0.0.1", "-p", str(port),
                 "-k", str(sock), "-c", "max_connections=200"]
@@ -257,8 +345,8 @@ class Stack:
             "name": "ctxbuild", "credentials": [{"accessKey": access, "secretKey": secret}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         cfg.chmod(0o600)
-        p = {k: free_port() for k in ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc",
-                                       "s3", "s3_grpc")}
+        p = {k: self._port("s3", k) for k in ("master", "master_grpc", "volume", "volume_grpc", "filer",
+                                              "filer_grpc", "s3", "s3_grpc")}
         argv = [_bin("weed"), "server", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
                 "-master.volumeSizeLimitMB=256", "-volume.max=0", "-volume.preStopSeconds=0",
@@ -303,13 +391,18 @@ class Stack:
         return {**env, "CTX_SERVICE_NAME": name}
 
     def start_service(self, name: str, extra_env: dict[str, str] | None = None, timeout: float = 60) -> None:
+        """Start a service (if not alive) on its recorded port and, without ``extra_env``, with the extra env it was
+        last started with: a restart after a crash is the same service at the same address."""
         if self.alive(name):
             return
         if name == "orchestration" and not self.env.get("CTX_ADMIN_API_KEY"):
             # the deployment's bootstrap admin credential (issues tenant keys); generated once per stack folder
             self.env["CTX_ADMIN_API_KEY"] = "ctxadmin_" + secrets.token_urlsafe(32)
-        port = free_port()
-        env = {**self.service_env(name), "CTX_HTTP_PORT": str(port), **(extra_env or {})}
+        port = self._port(name, "http")
+        if extra_env is None:
+            extra_env = self.ports[name].get("env") or {}
+        self.ports[name]["env"] = dict(extra_env)
+        env = {**self.service_env(name), "CTX_HTTP_PORT": str(port), **extra_env}
         proc = self._spawn(name, [sys.executable, "-m", f"ctxbuild_{name}"], env=env)
         self.env[f"CTX_{name.upper()}_HTTP"] = f"http://127.0.0.1:{port}"
         _wait(name, lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), timeout, self.logs / f"{name}.log", proc)
@@ -390,35 +483,61 @@ class Stack:
         self.procs.pop(name, None)
         self.save()
 
+    def ready(self, name: str) -> bool:
+        """Alive and, for a service, answering its readiness probe."""
+        if not self.alive(name):
+            return False
+        url = self.env.get(f"CTX_{name.upper()}_HTTP")
+        if name not in SERVICES or not url:
+            return True
+        try:
+            return _http_ok(f"{url}/readyz")
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, name: str, timeout: float) -> bool:
+        """Whether ``name`` is ready within ``timeout`` (a service reconnecting to a restarted NATS, say)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.ready(name):
+                return True
+            if not self.alive(name) or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
+
     def down(self) -> None:
         # services first so they drain against a live broker, then infrastructure
+        for pid in self.adopted.values():  # a test's replicas that outlived it
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.adopted.clear()
         for name in [*reversed(SERVICES), *[n for n in self.procs if n not in SERVICES and n not in INFRA],
                      "s3", "postgres", "nats"]:
             self.stop(name)
         for k in [k for k in self.env if k.endswith("_HTTP")]:
             self.env.pop(k)
+        self._stop_watchdog()
         self.save()
 
     def status(self) -> dict[str, dict]:
+        """Each recorded component: pid, alive, ready (a service's readiness probe; infrastructure: alive)."""
         out: dict[str, dict] = {}
         for name, info in self.procs.items():
-            row = {"pid": info["pid"], "alive": self.alive(name), "log": info["log"]}
-            url = self.env.get(f"CTX_{name.upper()}_HTTP")
-            if url and row["alive"]:
-                try:
-                    row["ready"] = _http_ok(f"{url}/readyz")
-                except httpx.HTTPError:
-                    row["ready"] = False
-            out[name] = row
+            alive = self.alive(name)
+            out[name] = {"pid": info["pid"], "alive": alive, "ready": alive and self.ready(name),
+                         "log": info["log"]}
         return out
 
 
 @contextmanager
 def private_stack(prefix: str, infra: Iterable[str] = INFRA, services: Iterable[str] = SERVICES) -> Iterator[Stack]:
     """A throwaway stack in a temporary directory (the benchmarks'): ``infra`` and ``services`` started for the
-    ``with`` block, then brought down (also when start-up or the block fails) and the directory removed."""
+    ``with`` block, then brought down (also when start-up or the block fails) and the directory removed. Its
+    processes die with this process (``owner_pid``) should it be killed before it can bring them down."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        stack = Stack(root=Path(tmp))
+        stack = Stack(root=Path(tmp), owner_pid=os.getpid())
         try:
             stack.start_infra(infra)
             stack.start_services(services)
