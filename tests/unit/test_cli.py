@@ -385,3 +385,62 @@ def test_ids_are_sent_as_single_path_segments():
     with pytest.raises(ApiError) as info:
         mock_client(handler).messages("conv/../x?y")
     assert seen == [b"/v1/conversations/conv%2F..%2Fx%3Fy/messages"] and info.value.code == "not-found"
+
+
+# ---------- following a turn through faults (issue #16: the CLI follows a resumed turn) ----------
+def _sse(*events: tuple[str, int, dict]) -> httpx.Response:
+    body = "".join(f"event: {t}\nid: {v}\ndata: {json.dumps(d)}\n\n" for t, v, d in events)
+    return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+
+def test_follow_outlasts_any_number_of_dropped_streams_while_the_server_answers():
+    """Twenty dropped streams (the edge answering 503 / cutting the stream) while the turn runs, then the turn
+    completes while the stream is down: every event once, in order, ending with TurnCompleted."""
+    log = [{"type": "TurnStarted", "version": 2, "data": {}}]
+    calls = {"stream": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            calls["stream"] += 1
+            if calls["stream"] == 1:
+                return _sse(("TurnQueued", 1, {}))
+            if calls["stream"] < 20:
+                return httpx.Response(503, json={"code": "unavailable", "message": "persistence away",
+                                                 "retryable": True})
+            raise httpx.ConnectError("edge restarting", request=request)
+        if calls["stream"] >= 21:  # the turn completed meanwhile; the edge is back
+            return httpx.Response(200, json={"status": "completed", "events": [
+                {"type": "TurnQueued", "version": 1, "data": {}}, *log,
+                {"type": "StepServed", "version": 3, "data": {"step": 1}},
+                {"type": "TurnCompleted", "version": 4, "data": {}}]})
+        if calls["stream"] == 20:
+            calls["stream"] += 1
+            raise httpx.ConnectError("edge restarting", request=request)
+        return httpx.Response(200, json={"status": "running", "events": [
+            {"type": "TurnQueued", "version": 1, "data": {}}, *log]})
+
+    got = list(mock_client(handler).events("c", "t", sleep=lambda s: None))
+    assert [(e.type, e.id) for e in got] == [("TurnQueued", 1), ("TurnStarted", 2), ("StepServed", 3),
+                                             ("TurnCompleted", 4)]
+
+
+def test_follow_gives_up_only_when_the_server_is_unreachable_max_retries_in_a_row():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events") and request.headers.get("last-event-id") is None:
+            return _sse(("TurnQueued", 1, {}))
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(ConnectionFailed, match="unreachable 8 times in a row"):
+        list(mock_client(handler).events("c", "t", sleep=lambda s: None))
+
+
+def test_follow_after_the_last_event_was_seen_ends_on_the_turn_log():
+    """The SSE endpoint answers 204 when the turn ended and Last-Event-ID is its last event."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(204)
+        return httpx.Response(200, json={"status": "completed", "events": [
+            {"type": "TurnQueued", "version": 1, "data": {}}, {"type": "TurnCompleted", "version": 2, "data": {}}]})
+
+    got = list(mock_client(handler).events("c", "t", last_event_id=1, sleep=lambda s: None))
+    assert [(e.type, e.id) for e in got] == [("TurnCompleted", 2)]

@@ -274,41 +274,82 @@ class Client:
 
     def events(self, cid: str, tid: str, *, last_event_id: int | None = None, max_retries: int = 8,
                backoff_s: float = 0.25, sleep: Callable[[float], None] = time.sleep) -> Iterator[Event]:
-        """The turn's events until its terminal one. A dropped or timed-out stream is reopened with
-        Last-Event-ID (the server resumes after it), so no event is lost or repeated; `max_retries` failures in a
-        row without a new event give up with ConnectionFailed."""
+        """The turn's events until its terminal one, however long the turn takes to come back from a fault.
+
+        A dropped or timed-out stream is reopened with Last-Event-ID (the server resumes after it), so no event is
+        lost or repeated. Before reopening, the turn itself is read (GET …/turns/{id}): the events it holds past the
+        last one seen are yielded, and if the turn ended that is the end — a turn that completed while the stream
+        was down is reported as completed. There is no cap on reconnects while the server answers (an error status
+        counts as an answer: the edge is up, its backends may be coming back) and the turn is not over; only
+        `max_retries` attempts in a row in which the server could not be reached at all give up with
+        ConnectionFailed. A missing turn or a refused credential is not retried (ApiError)."""
         path = f"{self._turn(cid, tid)}/events"
-        last, failures = last_event_id, 0
+        last, unreachable, attempt = last_event_id, 0, 0
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
+            reached = False
             try:
                 with connect_sse(self.http, "GET", path, headers=headers, timeout=self.stream_timeout) as source:
+                    reached = True
                     if source.response.status_code >= 400:
                         source.response.read()
                         raise error_from_response(source.response)
-                    for sse in source.iter_sse():
-                        if not sse.data or not sse.id:  # keep-alives / comments carry no event
-                            continue
-                        event = Event(sse.event, int(sse.id), json.loads(sse.data))
-                        if last is not None and event.id <= last:
-                            continue  # a server that ignores Last-Event-ID must not make us repeat events
-                        last, failures = event.id, 0
-                        yield event
-                        if event.terminal:
-                            return
-                cause = "the stream ended before the turn did"
+                    if source.response.status_code == 204:  # the turn ended and every event was seen already
+                        cause = "the turn had ended"
+                    else:
+                        for sse in source.iter_sse():
+                            if not sse.data or not sse.id:  # keep-alives / comments carry no event
+                                continue
+                            event = Event(sse.event, int(sse.id), json.loads(sse.data))
+                            if last is not None and event.id <= last:
+                                continue  # a server that ignores Last-Event-ID must not make us repeat events
+                            last, attempt = event.id, 0
+                            yield event
+                            if event.terminal:
+                                return
+                        cause = "the stream ended before the turn did"
             except SSEError as exc:  # a 200 that is not an event stream: retrying will not change it
                 raise ApiError(200, "bad-response", str(exc), False, "GET", path) from exc
+            except ApiError as exc:
+                if not exc.retryable:
+                    raise
+                cause = str(exc)
             except httpx.ConnectError as exc:
-                if last is None and failures == 0:  # nothing there at all: say so now, not after the retries
+                if last is None and unreachable == 0 and attempt == 0:
+                    # nothing there at all on the first call: say so now, not after the retries
                     raise ConnectionFailed(f"cannot reach the orchestration service at {self.base_url} "
                                            f"({exc})") from exc
                 cause = f"ConnectError: {exc}"
             except httpx.TransportError as exc:
+                reached = reached or isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError)
                 cause = f"{type(exc).__name__}: {exc}"
-            failures += 1
-            if failures > max_retries:
-                raise ConnectionFailed(f"lost the event stream of turn {tid} at {self.base_url} after "
-                                       f"{max_retries} reconnects ({cause})")
-            sleep(min(backoff_s * 2 ** (failures - 1), 5.0))
+            # the stream is gone: what does the turn itself say?
+            try:
+                log = self.turn(cid, tid)
+                reached = True
+                done = False
+                for e in log.get("events") or []:
+                    version = int(e["version"])
+                    if last is not None and version <= last:
+                        continue
+                    event = Event(e["type"], version, e.get("data") or {})
+                    last, attempt = version, 0
+                    yield event
+                    if event.terminal:
+                        done = True
+                        break
+                if done:
+                    return
+            except ApiError as exc:
+                if not exc.retryable:
+                    raise
+                reached = True
+            except ConnectionFailed:
+                pass
+            unreachable = 0 if reached else unreachable + 1
+            if unreachable > max_retries:
+                raise ConnectionFailed(f"lost the event stream of turn {tid} at {self.base_url}: unreachable "
+                                       f"{max_retries} times in a row ({cause})")
+            attempt += 1
+            sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
 
