@@ -222,7 +222,7 @@ def test_summary_row_text_literal():
         "[Files attached in this conversation remain readable in full via the read_file tool: "
         "report.pdf, data (2).csv]\n"
         "\n"
-        "[Tool output archived from this conversation remains readable in full via the fs_read tool at: "
+        "[The full transcript of the folded part is readable via the fs_read tool at: "
         "context://vfs/vfs_0123456789abcdef.txt]")}]}
     assert summary_row_text("S") == (
         "This session is being continued from an earlier conversation that ran out of context. "
@@ -298,7 +298,7 @@ def test_stored_summary_trailer_round_trip():
     assert stored_summary_row("a2", text) == summary_row("a2", "- the summary\n\nwith two paragraphs",
                                                          ["a.txt", "b, c.csv"], [URI])
     assert split_stored("plain summary") == ("plain summary", None)
-    assert stored_summary_row("a2", "plain", ["x"], []) == summary_row("a2", "plain", ["x"], [])
+    assert stored_summary_row("a2", "plain", ["x"]) == summary_row("a2", "plain", ["x"], [])
 
 
 def test_stored_summary_is_served_and_refolded_as_previous_summary():
@@ -318,7 +318,8 @@ def test_stored_summary_is_served_and_refolded_as_previous_summary():
     summary = tight["messages"][0]["parts"][0]["text"]
     assert "Summary of the conversation before that:\n- User: asked for a review." in summary
     assert "- User: Now check the numbers in section two" in summary
-    assert f"fs_read tool at: {URI}]" in summary
+    # the archived outputs are no longer listed one by one (a fold's transcript stands for them, SPEC §15.2)
+    assert "[Tool output archived from this conversation" not in summary
 
 
 # ---------- clear context and the maxMessages window ----------

@@ -32,7 +32,7 @@ def build(settings: Settings):  # -> the ASGI app
     async def compact_turn_start(payload: dict[str, Any]) -> dict[str, Any]:
         """Served history + retained context + the compaction decision for the path to the anchor; a new summary
         is stored once, as CompactionSummaryRecorded at its boundary."""
-        return await turn_start(payload, history, summarizers)
+        return await turn_start(payload, history, summarizers, archive=blobs)
 
     @rpc(broker, "ctx.compact.in_loop", queue=QUEUE, max_workers=settings.max_workers)
     async def compact_in_loop(payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,19 @@
 """`ctx.compact.turn_start` and `ctx.compact.in_loop`: I/O around the pure domain.
 
-turn_start: history (I/O) → plan (pure) → summarizer (I/O) → finish (pure) → store the summary once as a
-CompactionSummaryRecorded event at its boundary (write once, serve many).
+turn_start: history (I/O) → plan (pure) → summarizer and transcript archive (I/O, concurrently) → finish (pure)
+→ store the summary once as a CompactionSummaryRecorded event at its boundary (write once, serve many).
 in_loop: checkpoint (from the request, else read back from the turn stream; its compacted prefix resolved when it
-comes by reference) → plan (pure) → summarizer only when the candidate is over the trigger → finish (pure) → a
-large new prefix stored as a blob of the turn, so the reply names it by reference. The caller — the turn stream's
-only writer — records the new checkpoint (InLoopFoldRecorded) and the decision (CompactionDecided).
+comes by reference) → plan (pure) → summarizer (and the transcript archive) only when the candidate is over the
+trigger → finish (pure) → a large new prefix stored as a blob of the turn, so the reply names it by reference.
+The caller — the turn stream's only writer — records the new checkpoint (InLoopFoldRecorded) and the decision
+(CompactionDecided).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -51,7 +54,12 @@ class HistoryPort(Protocol):
     async def last_fold(self, turn_id: str) -> dict[str, Any] | None: ...
 
 
-class CheckpointPort(Protocol):  # adapters/blobstore.BlobStore
+class ArchivePort(Protocol):  # adapters/blobstore.BlobStore
+    async def archive(self, rows: Sequence[dict[str, Any]], conversation_id: str, turn_id: str | None) -> str | None:
+        ...
+
+
+class CheckpointPort(ArchivePort, Protocol):  # adapters/blobstore.BlobStore
     async def resolve_checkpoint(self, checkpoint: dict[str, Any], conversation_id: str) -> dict[str, Any]: ...
 
     async def checkpoint_by_reference(self, checkpoint: dict[str, Any], conversation_id: str,
@@ -114,8 +122,20 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def _fold_and_archive(choice: Choice, fold, archive: ArchivePort | None, conversation_id: str,
+                            turn_id: str | None):
+    """(outcome, transcript URI | None): the summarizer and the transcript archive run side by side; masking
+    (whose rows keep every output's own link) archives nothing."""
+    summarize = fold_with_fallback(choice.summarizer, fold, choice.fallback)
+    if archive is None or choice.summarizer.name == "masking":
+        return await summarize, None
+    outcome, uri = await asyncio.gather(summarize, archive.archive(fold.input_rows(), conversation_id, turn_id))
+    return outcome, uri
+
+
 async def turn_start(payload: dict[str, Any], history: HistoryPort,
-                     summarizers: Summarizers | Summarizer | None = None) -> dict[str, Any]:
+                     summarizers: Summarizers | Summarizer | None = None, *,
+                     archive: ArchivePort | None = None) -> dict[str, Any]:
     conversation_id = payload["conversationId"]
     turn_id = payload.get("turnId")
     started, t0 = _now(), time.monotonic()
@@ -131,9 +151,11 @@ async def turn_start(payload: dict[str, Any], history: HistoryPort,
             choice = pick.pick(settings)
             if choice.note:
                 extra["note"] = choice.note
-            outcome = await fold_with_fallback(choice.summarizer, replace(plan.fold, turn_id=turn_id),
-                                               choice.fallback)
-            plan = finish(plan, outcome)
+            outcome, transcript = await _fold_and_archive(choice, replace(plan.fold, turn_id=turn_id), archive,
+                                                          conversation_id, turn_id)
+            plan = finish(plan, outcome, transcript=transcript)
+            if transcript and outcome.rows is None:
+                extra["transcript"] = transcript
             if plan.decision["status"] == "compacted" and outcome.summary:
                 plan, extra["stored"] = await _store_once(plan, outcome, hist, history, payload)
         d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
@@ -211,8 +233,10 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
             choice = pick.pick(settings)
             if choice.note:
                 extra["note"] = choice.note
-            outcome = await fold_with_fallback(choice.summarizer, plan.fold, choice.fallback)
-            plan, changed = finish_in_loop(plan, outcome)
+            outcome, transcript = await _fold_and_archive(choice, plan.fold, checkpoints, conversation_id, turn_id)
+            plan, changed = finish_in_loop(plan, outcome, transcript)
+            if transcript and outcome.rows is None:
+                extra["transcript"] = transcript
         d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
              "durationMs": int((time.monotonic() - t0) * 1000)}
         span.set_attribute("ctx.compaction.status", d["status"])

@@ -4,17 +4,26 @@
   in-flight lane uses), so the masked marker's URI is readable with fs_read;
 - an in-loop checkpoint's compacted prefix travels and is recorded by reference when it is large (SPEC §15.1:
   events stay small). The prefix blob is provisional to the turn: the runner releases the turn's provisional
-  references once the turn is terminal, and nothing needs the checkpoint after that.
+  references once the turn is terminal, and nothing needs the checkpoint after that;
+- a fold's transcript (SPEC §15.2) is archived with a ``tool_output`` reference owned by the turn (or the
+  conversation when there is no turn): it is not released with the turn's provisional blobs, because a stored
+  turn-start summary names it for every later turn. Outputs offloaded or persisted before the fold are read back
+  to their originals first (as the UI read-back does), so the transcript holds every output in full.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 from ctxbuild_blobclient import content_ref
+from ctxbuild_codec import assemble
+
+from ..domain.transcript import MEDIA_TYPE, needs_full, render_transcript
 
 log = structlog.get_logger("compaction.blobstore")
 CHECKPOINT_ROLE = "provisional"
@@ -60,8 +69,75 @@ class CachedBlobs:
 
 class BlobStore:
     def __init__(self, blobs: content_ref.BlobPort, timeout_s: float) -> None:
+        self.raw = blobs
         self.blobs = CachedBlobs(blobs)
         self.timeout_s = timeout_s  # masking: an archive write slower than this keeps the output
+
+    async def _text(self, conversation_id: str, *, sha256: str | None = None, uri: str | None = None) -> str:
+        body = await self.blobs.get_bytes(conversation_id, sha256=sha256, uri=uri)
+        return body.decode("utf-8", "surrogatepass")
+
+    async def full_output(self, part: Mapping[str, Any], conversation_id: str) -> dict[str, Any] | None:
+        """The original output of a trimmed tool result (None: not trimmed, or not readable back)."""
+        output = part.get("output") or {}
+        off = part.get("offload") or {}
+        get_result = getattr(self.raw, "get_result", None)
+        if output.get("type") == "persisted" and get_result is not None:
+            return (await get_result(conversation_id, output["value"]))["output"]
+        if off.get("mode") != "offloaded":
+            return None
+        if isinstance(off.get("original"), Mapping) and get_result is not None:
+            return (await get_result(conversation_id, offload=off))["output"]
+        if off.get("blobs") and output.get("type") in ("json", "error-json"):
+            texts = {b["key"]: await self._text(conversation_id, sha256=b.get("sha256"), uri=b.get("uri"))
+                     for b in off["blobs"]}
+            value = output["value"]
+            parsed = json.loads(value) if isinstance(value, str) else value
+            return {"type": output["type"], "value": assemble(parsed, texts)}
+        if off.get("sha256") or off.get("uri"):
+            text = await self._text(conversation_id, sha256=off.get("sha256"),
+                                    uri=None if off.get("sha256") else off.get("uri"))
+            return {"type": "error-text" if str(output.get("type", "")).startswith("error") else "text",
+                    "value": text}
+        return None
+
+    async def full_rows(self, rows: Sequence[Mapping[str, Any]], conversation_id: str) -> list[dict[str, Any]]:
+        """``rows`` with every trimmed output replaced by its original; one that cannot be read back keeps its
+        served form (its marker still names the blob)."""
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            parts = row.get("parts") or []
+            if not any(needs_full(p) for p in parts):
+                out.append(dict(row))
+                continue
+            new_parts = []
+            for p in parts:
+                full = None
+                if needs_full(p):
+                    try:
+                        full = await self.full_output(p, conversation_id)
+                    except Exception as exc:  # noqa: BLE001 - gone or unreadable: the served form stays
+                        log.warning("transcript-output-unresolved", conversation_id=conversation_id,
+                                    error=f"{type(exc).__name__}: {exc}"[:300])
+                new_parts.append({**p, "output": full} if full is not None else p)
+            out.append({**row, "parts": new_parts})
+        return out
+
+    async def archive(self, rows: Sequence[Mapping[str, Any]], conversation_id: str,
+                      turn_id: str | None) -> str | None:
+        """Archive the transcript of a fold's rows; its URI, or None on any failure (the fold still serves)."""
+        if not conversation_id or not rows:
+            return None
+        owner = ("turn", turn_id) if turn_id else ("conversation", conversation_id)
+        try:
+            text = render_transcript(await self.full_rows(rows, conversation_id))
+            reply = await self.blobs.put(text.encode("utf-8", "replace"), conversation_id, owner,
+                                         "tool_output", media_type=MEDIA_TYPE)
+            return str(reply["uri"])
+        except Exception as exc:  # noqa: BLE001 - the fold is served without its transcript link
+            log.warning("transcript-not-archived", conversation_id=conversation_id,
+                        error=f"{type(exc).__name__}: {exc}"[:300])
+            return None
 
     async def put(self, text: str, conversation_id: str, turn_id: str | None) -> str | None:
         """The archived URI, or None on any failure (the output then stays in full — never fails the fold)."""

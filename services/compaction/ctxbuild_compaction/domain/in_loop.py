@@ -9,6 +9,16 @@ are represented by ``compactedPrefix`` (a summary row, or masked rows after a ma
   kept (at least one), and only the older groups of the tail — the increment — are folded, together with the
   previous summary (summary of summary). The summarizer input is O(increment), never the history (finding #4).
 
+Pinned, never folded (SPEC §15.2): system rows and the turn's task — the newest user row of the candidate that is
+not a summary row (the turn's own rows are assistant and tool rows). Once folded past, the task sits right after
+the system rows of the compacted prefix, verbatim, before the summary row: ``[system…, task, summary, kept…]``, so
+its position and bytes never change from one fold to the next. A masking fold keeps it where it was (masking
+never touches a user row).
+
+Every text fold names its transcript (the folded increment archived in full, :mod:`.transcript`) in the summary
+row, after the transcripts of the earlier folds: the caller archives it and passes the URI to
+:func:`finish_in_loop`.
+
 The checkpoint is made durable by the caller (an ``InLoopFoldRecorded`` event on the turn stream), so a turn
 resumed elsewhere reads it back and does not refold.
 """
@@ -22,10 +32,10 @@ from typing import Any
 from ctxbuild_codec import compaction_budget
 from ctxbuild_codec.tokens import count_message, count_messages
 
-from .context import attachment_handles, persisted_uris
+from .context import attachment_handles
 from .fold import FoldOutcome, FoldRequest
 from .grouping import group_rows
-from .summary_row import is_summary_row, summary_of_row, summary_row
+from .summary_row import is_summary_row, row_transcripts, summary_of_row, summary_row
 from .turn_start import summary_max_chars
 
 Message = dict[str, Any]
@@ -43,9 +53,10 @@ class Checkpoint:
     message_count: int = 0     # messages when it was made: usage of a later assistant row covers the prefix
     folds: int = 0
     handles: list[str] = field(default_factory=list)   # attachments named by the summary row
-    uris: list[str] = field(default_factory=list)      # archived outputs named by the summary row
+    transcripts: list[str] = field(default_factory=list)   # transcript URIs named by the summary row, oldest first
     summarizer: str | None = None
     step: int | None = None
+    task_id: str | None = None   # the pinned task: in the compacted prefix once a fold went past it
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any] | None) -> Checkpoint:
@@ -53,17 +64,19 @@ class Checkpoint:
             return cls()
         return cls(int(data.get("consumedCount", 0)), list(data.get("compactedPrefix") or []),
                    int(data.get("messageCount", data.get("consumedCount", 0))), int(data.get("folds", 0)),
-                   list(data.get("handles") or []), list(data.get("persistedUris") or []), data.get("summarizer"),
-                   data.get("step"))
+                   list(data.get("handles") or []), list(data.get("transcripts") or []), data.get("summarizer"),
+                   data.get("step"), data.get("taskId"))
 
     def to_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {"consumedCount": self.consumed_count, "compactedPrefix": self.compacted_prefix,
                                "messageCount": self.message_count, "folds": self.folds, "handles": self.handles,
-                               "persistedUris": self.uris}
+                               "transcripts": self.transcripts}
         if self.summarizer:
             out["summarizer"] = self.summarizer
         if self.step is not None:
             out["step"] = self.step
+        if self.task_id is not None:
+            out["taskId"] = self.task_id
         return out
 
 
@@ -94,9 +107,11 @@ class InLoopPlan:
     total: int = 0
     boundary_id: str | None = None
     handles: list[str] = field(default_factory=list)
-    uris: list[str] = field(default_factory=list)
+    transcripts: list[str] = field(default_factory=list)   # of the earlier folds (this fold's is added by finish)
     step: int | None = None
     fixed_tokens: int = 0
+    task: Message | None = None     # the pinned task row (when a fold went or goes past it)
+    task_at: int | None = None      # its index among this fold's rows (newly folded past): masking puts it back
 
     def reply(self, changed: bool = False) -> dict[str, Any]:
         return {"messages": self.served, "checkpoint": self.checkpoint.to_payload(), "checkpointChanged": changed,
@@ -154,6 +169,7 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
         return replace(plan, decision={**decision, "reason": "under-trigger"})
 
     # over the trigger: keep the newest groups that fit the keep budget (at least one), fold the older ones
+    task_id = ck.task_id or find_task(candidate)
     pinned_idx, groups = group_rows(tail)
     keep_from, acc = len(groups), 0
     for g in range(len(groups) - 1, -1, -1):
@@ -164,29 +180,47 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
     if keep_from <= 0:
         return replace(plan, decision={**decision, "status": "skipped", "reason": "nothing-to-fold"})
     first_kept = groups[keep_from][0]
-    folded = [tail[i] for g in groups[:keep_from] for i in g]
+    folding = [tail[i] for g in groups[:keep_from] for i in g]
+    # the task is pinned: never part of what is folded
+    task_at = next((k for k, r in enumerate(folding) if task_id is not None and r.get("id") == task_id), None)
+    folded = [r for k, r in enumerate(folding) if k != task_at]
+    if not folded:
+        return replace(plan, decision={**decision, "status": "skipped", "reason": "nothing-to-fold"})
     pinned = [tail[i] for i in pinned_idx if i < first_kept]
     kept = tail[first_kept:]
 
     previous = None
+    task = folding[task_at] if task_at is not None else None
     prefix_rows: list[Message] = []
     for row in ck.compacted_prefix:
         text = summary_of_row(row)
         if text is not None:
             previous = text
+        elif task_id is not None and row.get("id") == task_id:
+            task = row   # pinned by an earlier fold: it stays where it is
         elif row.get("role") != "system":
             prefix_rows.append(row)
     ret = retained or {}
     handles = _union(ck.handles, [a["handle"] for a in ret.get("fileAttachments") or []],
-                     attachment_handles([*prefix_rows, *folded]))
-    uris = _union(ck.uris, ret.get("persistedUris") or [], persisted_uris([*prefix_rows, *folded]))
+                     attachment_handles([*prefix_rows, *folding]))
+    transcripts = _union(ck.transcripts, row_transcripts([*prefix_rows, *folded]))
     fold = FoldRequest(previous, folded, summary_max_chars(budget), prefix=prefix_rows,
                        conversation_id=conversation_id, turn_id=turn_id, phase=PHASE)
     boundary = str(folded[-1].get("id"))
     return replace(plan, fold=fold, kept=kept, pinned=pinned, new_consumed=ck.consumed_count + first_kept,
-                   total=total, boundary_id=boundary, handles=handles, uris=uris,
+                   total=total, boundary_id=boundary, handles=handles, transcripts=transcripts,
+                   task=task, task_at=task_at,
                    decision={**decision, "status": "skipped", "reason": "summary-pending", "boundaryId": boundary,
                              "foldedCount": len(folded), "foldInput": fold_input(fold, ck)})
+
+
+def find_task(rows: Sequence[Message]) -> str | None:
+    """The id of the turn's task: the newest user row that is not a summary row (a turn's own rows are
+    assistant and tool rows, so this is the message that started the turn)."""
+    for row in reversed(rows):
+        if row.get("role") == "user" and not is_summary_row(row) and row.get("id") is not None:
+            return str(row["id"])
+    return None
 
 
 def fold_input(fold: FoldRequest, ck: Checkpoint) -> dict[str, Any]:
@@ -196,8 +230,10 @@ def fold_input(fold: FoldRequest, ck: Checkpoint) -> dict[str, Any]:
             "rowIds": [str(r.get("id")) for r in fold.rows]}
 
 
-def finish_in_loop(plan: InLoopPlan, outcome: FoldOutcome | None) -> tuple[InLoopPlan, bool]:
-    """Apply a summarizer's outcome → (plan to reply with, whether the checkpoint changed)."""
+def finish_in_loop(plan: InLoopPlan, outcome: FoldOutcome | None,
+                   transcript: str | None = None) -> tuple[InLoopPlan, bool]:
+    """Apply a summarizer's outcome → (plan to reply with, whether the checkpoint changed). ``transcript``: the
+    URI of this fold's archived transcript (None: not archived — the row names the earlier ones only)."""
     if plan.fold is None:
         return plan, False
     d = {**plan.decision}
@@ -207,14 +243,20 @@ def finish_in_loop(plan: InLoopPlan, outcome: FoldOutcome | None) -> tuple[InLoo
             d["error"] = outcome.error[:300]
         return replace(plan, fold=None, decision=d), False
     ck = plan.checkpoint
+    transcripts = plan.transcripts
     if outcome.rows is not None:   # masking: the earlier prefix stays byte for byte, the increment is masked
-        prefix = [*ck.compacted_prefix, *plan.pinned, *outcome.rows]
+        masked = list(outcome.rows)
+        if plan.task_at is not None and plan.task is not None:
+            masked.insert(plan.task_at, plan.task)   # the task where it was, verbatim
+        prefix = [*ck.compacted_prefix, *plan.pinned, *masked]
     else:
-        row = summary_row(plan.boundary_id or "", outcome.summary or "", plan.handles, plan.uris)
+        transcripts = _union(transcripts, [transcript] if transcript else [])
+        row = summary_row(plan.boundary_id or "", outcome.summary or "", plan.handles, transcripts)
         keep_system = [r for r in ck.compacted_prefix if r.get("role") == "system"]
-        prefix = [*keep_system, *plan.pinned, row]
-    new_ck = Checkpoint(plan.new_consumed, prefix, plan.total, ck.folds + 1, plan.handles, plan.uris,
-                        outcome.summarizer, plan.step)
+        prefix = [*keep_system, *plan.pinned, *([plan.task] if plan.task is not None else []), row]
+    task_id = str(plan.task["id"]) if plan.task is not None else ck.task_id
+    new_ck = Checkpoint(plan.new_consumed, prefix, plan.total, ck.folds + 1, plan.handles, transcripts,
+                        outcome.summarizer, plan.step, task_id)
     served = [*prefix, *plan.kept]
     d.update(status="skipped" if outcome.fallback_from else "compacted",
              reason="summarizer-error" if outcome.fallback_from else "over-trigger",

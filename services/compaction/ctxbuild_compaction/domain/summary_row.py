@@ -1,12 +1,17 @@
-"""The summary row served in place of the folded rows (SPEC §8.9).
+"""The summary row served in place of the folded rows (SPEC §8.9, §15.2).
 
-Its bytes are a pure function of (boundary id, summary, attachment handles, archived URIs). The handles and URIs
-are fixed when the summary is made — the conversation's authoritative attachment list (attachments uploaded
-without a message have no file part to find them by) and the outputs archived up to the boundary — and stored
-with it: the stored summary text is ``<summary>`` followed by the row's attachment and archive lines (the
-*trailer*). Every later turn rebuilds the row from the stored text alone, so a later attachment never changes its
-bytes and the provider's prefix cache keeps hitting. (A stored summary without a trailer — written by an older
-version or by hand — gets its lines from the rows up to the boundary.)
+Its bytes are a pure function of (boundary id, summary, attachment handles, transcript URIs). The handles and
+URIs are fixed when the summary is made — the conversation's authoritative attachment list (attachments uploaded
+without a message have no file part to find them by) and the transcript blobs of this fold and of every earlier
+fold it summarizes — and stored with it: the stored summary text is ``<summary>`` followed by the row's attachment
+and transcript lines (the *trailer*). Every later turn rebuilds the row from the stored text alone, so a later
+attachment never changes its bytes and the provider's prefix cache keeps hitting.
+
+The transcript line names one URI per fold, oldest first (a fold's transcript holds only its increment, so the
+row names them all: every folded output stays one fs_read away from the request). One fold's line is exactly
+``\n\n[The full transcript of the folded part is readable via the fs_read tool at: <uri>]``. The older archive line
+(every archived output's URI, which grew past 64 KiB on long runs) is still read from stored summaries, never
+written.
 """
 
 from __future__ import annotations
@@ -26,32 +31,33 @@ def summary_row_id(boundary_id: str) -> str:
 
 
 FILES_LINE = "[Files attached in this conversation remain readable in full via the read_file tool: "
-ARCHIVE_LINE = "[Tool output archived from this conversation remains readable in full via the fs_read tool at: "
+TRANSCRIPT_LINE = "[The full transcript of the folded part is readable via the fs_read tool at: "
+ARCHIVE_LINE = "[Tool output archived from this conversation remains readable in full via the fs_read tool at: "  # legacy
 
 
-def trailer(handles: Sequence[str] = (), uris: Sequence[str] = ()) -> str:
+def trailer(handles: Sequence[str] = (), transcripts: Sequence[str] = ()) -> str:
     text = ""
     if handles:
         text += "\n\n" + FILES_LINE + ", ".join(handles) + "]"
-    if uris:
-        text += "\n\n" + ARCHIVE_LINE + ", ".join(uris) + "]"
+    if transcripts:
+        text += "\n\n" + TRANSCRIPT_LINE + ", ".join(transcripts) + "]"
     return text
 
 
-def summary_row_text(summary: str, handles: Sequence[str] = (), uris: Sequence[str] = ()) -> str:
-    return f"{PREAMBLE}\n\n{summary.strip()}\n\n{CONTINUE}" + trailer(handles, uris)
+def summary_row_text(summary: str, handles: Sequence[str] = (), transcripts: Sequence[str] = ()) -> str:
+    return f"{PREAMBLE}\n\n{summary.strip()}\n\n{CONTINUE}" + trailer(handles, transcripts)
 
 
-def stored_text(summary: str, handles: Sequence[str] = (), uris: Sequence[str] = ()) -> str:
+def stored_text(summary: str, handles: Sequence[str] = (), transcripts: Sequence[str] = ()) -> str:
     """What CompactionSummaryRecorded stores: the summary and the row's lines as of the fold."""
-    return summary.strip() + trailer(handles, uris)
+    return summary.strip() + trailer(handles, transcripts)
 
 
 def split_stored(text: str) -> tuple[str, str | None]:
     """(summary, trailer) of a stored summary; trailer None when it has no attachment/archive line."""
     pieces = text.strip().split("\n\n")
     cut = len(pieces)
-    while cut > 1 and pieces[cut - 1].startswith((FILES_LINE, ARCHIVE_LINE)) and pieces[cut - 1].endswith("]") \
+    while cut > 1 and pieces[cut - 1].startswith((FILES_LINE, TRANSCRIPT_LINE, ARCHIVE_LINE)) and pieces[cut - 1].endswith("]") \
             and "\n" not in pieces[cut - 1]:
         cut -= 1
     if cut == len(pieces):
@@ -61,7 +67,8 @@ def split_stored(text: str) -> tuple[str, str | None]:
 
 def trailer_refs(stored: str) -> tuple[list[str], list[str]]:
     """(handles, uris) named by a stored summary's trailer — what the rows up to its boundary retained, so a
-    turn start that reads only the rows after the boundary still knows them."""
+    turn start that reads only the rows after the boundary still knows them. ``uris``: its transcripts (and the
+    archived outputs of a legacy archive line)."""
     _, tail = split_stored(stored)
     handles: list[str] = []
     uris: list[str] = []
@@ -70,23 +77,44 @@ def trailer_refs(stored: str) -> tuple[list[str], list[str]]:
             handles += [h for h in line[len(FILES_LINE):-1].split(", ") if h]
         elif line.startswith(ARCHIVE_LINE):
             uris += [u for u in line[len(ARCHIVE_LINE):-1].split(", ") if u]
+        elif line.startswith(TRANSCRIPT_LINE):
+            uris += [u for u in line[len(TRANSCRIPT_LINE):-1].split(", ") if u]
     return handles, uris
 
 
-def stored_summary_row(boundary_id: str, stored: str, handles: Sequence[str] = (),
-                       uris: Sequence[str] = ()) -> dict[str, Any]:
-    """The row of a stored summary: its own trailer when it has one, else lines from ``handles``/``uris``."""
+def transcripts_of(text: str) -> list[str]:
+    """Transcript URIs a summary row's (or a stored summary's) text names, oldest first."""
+    out: list[str] = []
+    for line in text.split("\n\n"):
+        if line.startswith(TRANSCRIPT_LINE) and line.endswith("]") and "\n" not in line:
+            out += [u for u in line[len(TRANSCRIPT_LINE):-1].split(", ") if u]
+    return out
+
+
+def row_transcripts(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Transcript URIs named by the summary rows among ``rows`` (a folded turn-start row keeps its links)."""
+    out: list[str] = []
+    for row in rows:
+        if is_summary_row(row):
+            for p in row.get("parts") or []:
+                if p.get("type") == "text":
+                    out += transcripts_of(p.get("text", ""))
+    return list(dict.fromkeys(out))
+
+
+def stored_summary_row(boundary_id: str, stored: str, handles: Sequence[str] = ()) -> dict[str, Any]:
+    """The row of a stored summary: its own trailer when it has one, else a files line from ``handles``."""
     summary, tail = split_stored(stored)
     if tail is None:
-        return summary_row(boundary_id, summary, handles, uris)
+        return summary_row(boundary_id, summary, handles)
     return {"id": summary_row_id(boundary_id), "role": "user",
             "parts": [{"type": "text", "text": f"{PREAMBLE}\n\n{summary}\n\n{CONTINUE}{tail}"}]}
 
 
 def summary_row(boundary_id: str, summary: str, handles: Sequence[str] = (),
-                uris: Sequence[str] = ()) -> dict[str, Any]:
+                transcripts: Sequence[str] = ()) -> dict[str, Any]:
     return {"id": summary_row_id(boundary_id), "role": "user",
-            "parts": [{"type": "text", "text": summary_row_text(summary, handles, uris)}]}
+            "parts": [{"type": "text", "text": summary_row_text(summary, handles, transcripts)}]}
 
 
 def is_summary_row(row: dict[str, Any]) -> bool:

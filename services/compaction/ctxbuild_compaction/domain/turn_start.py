@@ -21,12 +21,18 @@ from .context import (
     after_clear,
     attachment_handles,
     max_messages_window,
-    persisted_uris,
     retained_context,
 )
 from .estimate import estimate_tokens
 from .fold import FoldOutcome, FoldRequest
-from .summary_row import split_stored, stored_summary_row, stored_text, summary_row, trailer_refs
+from .summary_row import (
+    split_stored,
+    stored_summary_row,
+    stored_text,
+    summary_row,
+    trailer_refs,
+    transcripts_of,
+)
 
 Message = dict[str, Any]
 PHASE = "turn-start"
@@ -54,7 +60,7 @@ class Plan:
     fold: FoldRequest | None = None    # set → call a summarizer, then finish()
     kept: list[Message] = field(default_factory=list)
     summary_handles: list[str] = field(default_factory=list)
-    summary_uris: list[str] = field(default_factory=list)
+    summary_transcripts: list[str] = field(default_factory=list)   # of the earlier folds (this one's: finish)
     head: list[Message] = field(default_factory=list)   # served before the folded rows (the previous summary row)
     summary_text: str | None = None    # what to store (CompactionSummaryRecorded.summary) once a summary is made
 
@@ -174,8 +180,7 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
             stored = rows[d]["compactionSummary"]
             previous = split_stored(stored)[0]
             upto = rows[: d + 1]
-            effective = [stored_summary_row(rows[d]["id"], stored, attachment_handles(upto), persisted_uris(upto)),
-                         *rows[d + 1:]]
+            effective = [stored_summary_row(rows[d]["id"], stored, attachment_handles(upto)), *rows[d + 1:]]
             has_summary_row = True
 
     # 2. retained context from the raw rows in scope, never from what is served (finding #2)
@@ -184,6 +189,10 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
     if has_summary_row and start_of_window == "summary" and d == 0:
         before_handles, before_uris = trailer_refs(rows[0]["compactionSummary"])
         retained = with_earlier(retained, attachments, before_handles, before_uris, restrict)
+    # the transcripts the summaries in scope name stay readable (SPEC §15.2), however many turns later
+    named = [u for r in scope if r.get("compactionSummary") for u in transcripts_of(r["compactionSummary"])]
+    if named:
+        retained = Retained(retained.file_attachments, list(dict.fromkeys([*retained.persisted_uris, *named])))
 
     # 5./6. decide
     estimated = estimate_tokens(effective)
@@ -217,7 +226,7 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
                 fold=fold, kept=list(effective[start:]),
                 summary_handles=list(dict.fromkeys([*(a["handle"] for a in retained.file_attachments),
                                                     *before_handles, *attachment_handles(upto)])),
-                summary_uris=list(dict.fromkeys([*before_uris, *persisted_uris(upto)])),
+                summary_transcripts=transcripts_of(rows[d]["compactionSummary"]) if has_summary_row else [],
                 head=list(effective[:first_real]))
 
 
@@ -238,8 +247,10 @@ def with_earlier(retained: Retained, attachments: Sequence[Mapping[str, Any]], h
     return Retained(files, list(dict.fromkeys([*uris, *retained.persisted_uris])))
 
 
-def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None = None) -> Plan:
-    """Apply the summarizer's outcome (a text summary, or masked rows).
+def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None = None,
+           transcript: str | None = None) -> Plan:
+    """Apply the summarizer's outcome (a text summary, or masked rows). ``transcript``: the URI of this fold's
+    archived transcript — the row names it after the earlier folds' ones, and it joins the retained context.
 
     Empty summary or an error → ``skipped``, the effective history is served (SPEC §8.8). A masking outcome
     that stands in for a failed summarizer serves the masked rows and still reports ``skipped`` (+ ``fallback``).
@@ -258,9 +269,13 @@ def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None =
     if outcome.rows is not None:
         served = [*plan.head, *outcome.rows, *plan.kept]
     else:
-        row = summary_row(plan.decision["boundaryId"], outcome.summary or "", plan.summary_handles, plan.summary_uris)
+        transcripts = list(dict.fromkeys([*plan.summary_transcripts, *([transcript] if transcript else [])]))
+        row = summary_row(plan.decision["boundaryId"], outcome.summary or "", plan.summary_handles, transcripts)
         served = [row, *plan.kept]
-        plan = replace(plan, summary_text=stored_text(outcome.summary or "", plan.summary_handles, plan.summary_uris))
+        retained = Retained(plan.retained.file_attachments,
+                            list(dict.fromkeys([*plan.retained.persisted_uris, *transcripts])))
+        plan = replace(plan, retained=retained,
+                       summary_text=stored_text(outcome.summary or "", plan.summary_handles, transcripts))
     decision.update(status="skipped" if outcome.fallback_from else "compacted",
                     reason="summarizer-error" if outcome.fallback_from else "over-trigger",
                     postTokens=count_messages(served))

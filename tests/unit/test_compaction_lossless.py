@@ -1,0 +1,233 @@
+"""Lossless compaction (SPEC §15.2), pure and through the handler with an in-memory blob store: the task is pinned
+through every fold (never folded, verbatim, at a byte-stable position), every text fold archives its increment as
+one content-addressed transcript with every output in full, and the summary row names the transcripts of all
+folds so far with the exact transcript line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ctxbuild_codec import trim_inflight, vfs_uri
+from ctxbuild_codec.tokens import count_messages
+from ctxbuild_compaction.adapters.blobstore import BlobStore
+from ctxbuild_compaction.domain import (
+    Checkpoint,
+    FoldOutcome,
+    InLoopSettings,
+    TurnStartSettings,
+    extractive_summary,
+    finish,
+    finish_in_loop,
+    orphans,
+    plan_in_loop,
+    plan_turn_start,
+)
+from ctxbuild_compaction.domain.summary_row import TRANSCRIPT_LINE, transcripts_of
+from ctxbuild_compaction.domain.transcript import render_transcript
+from ctxbuild_compaction.handlers import Summarizers, in_loop, turn_start
+from ctxbuild_platform import contracts
+
+W = 16_000
+FIXED = 350
+TASK = {"id": "u1", "role": "user", "parts": [
+    {"type": "text", "text": "Find why the nightly export fails; the log is attached."},
+    {"type": "file", "handle": "export.log", "displayName": "export.log", "mediaType": "text/plain",
+     "sha256": "ab" * 32}]}
+PAGE = "".join(f"2026-11-29T10:00:{i % 60:02d}.000Z INFO api-{i % 8} GET /v1/items/{i} 200 latency_ms={i % 97}.5\n"
+               for i in range(110))  # ≈ 8,000 chars
+
+
+def page(step: int) -> str:
+    return f"page {step} marker-{step:03d}\n" + PAGE
+
+
+def call(step: int, thought: str = "") -> dict:
+    parts = [{"type": "text", "text": thought}] if thought else []
+    return {"id": f"a{step}", "role": "assistant", "turnId": "t",
+            "parts": [*parts, {"type": "tool-call", "toolCallId": f"c{step}", "toolName": "read_file",
+                               "input": {"filename": "export.log", "offset": step}}]}
+
+
+def result(step: int, trim: bool) -> dict:
+    part = {"type": "tool-result", "toolCallId": f"c{step}", "toolName": "read_file",
+            "output": {"type": "text", "value": page(step)}}
+    if trim:  # the in-flight lane: the full text goes to a blob, the model sees a head/tail marker
+        part = trim_inflight(part, 2_400, lambda blob: vfs_uri(blob.sha256))
+    return {"id": f"t{step}", "role": "tool", "turnId": "t", "parts": [part]}
+
+
+def extractive(fold):
+    return FoldOutcome("extractive", summary=extractive_summary(fold.previous_summary, fold.input_rows(), 1_500),
+                       calls=1)
+
+
+def task_in(served: list[dict]) -> bool:
+    return any(m == TASK for m in served if m.get("role") == "user")
+
+
+# ---------- pinning, pure ----------
+
+def pure_loop(steps: int, outcome, *, history: list[dict] | None = None):
+    messages = [*(history or []), TASK]
+    ck, log = Checkpoint(), []
+    for step in range(1, steps + 1):
+        plan = plan_in_loop(messages, 0, ck, InLoopSettings(W, fixed_tokens=FIXED), turn_id="t", step=step)
+        if plan.fold is not None:
+            assert all(r["id"] != TASK["id"] for r in plan.fold.input_rows())  # never folded
+            plan, _ = finish_in_loop(plan, outcome(plan.fold), f"context://vfs/vfs_{step:016x}.txt")
+        ck = plan.checkpoint
+        log.append((plan.decision, plan.served, ck))
+        messages += [call(step, "Reading the next page. " * 20), result(step, trim=False)]
+    return log
+
+
+def test_the_task_is_pinned_verbatim_before_the_summary_in_every_request():
+    earlier = [{"id": "u0", "role": "user", "parts": [{"type": "text", "text": "an earlier question"}]},
+               {"id": "a0", "role": "assistant", "parts": [{"type": "text", "text": "an earlier answer"}]}]
+    log = pure_loop(30, extractive, history=earlier)
+    folds = [d for d, _, _ in log if d["status"] == "compacted"]
+    assert len(folds) >= 3
+    assert all(task_in(served) for _, served, _ in log)
+    after = [(served, ck) for d, served, ck in log if ck.folds]
+    # byte-stable position: the task first, the summary row right after it
+    assert all(served[0] == TASK and served[1]["id"].startswith("compaction:") for served, _ in after)
+    assert all(ck.task_id == "u1" for _, ck in after)
+    assert all(orphans(served) == {"calls": [], "results": []} for _, served, _ in log)
+    assert all(FIXED + count_messages(served) <= W for _, served, _ in log)
+    # the earlier turn's rows were folded, the task was not
+    assert all(m["id"] not in ("u0", "a0") for m in log[-1][1])
+
+
+def test_the_summary_row_names_every_fold_transcript_oldest_first():
+    log = pure_loop(30, extractive)
+    last_ck = log[-1][2]
+    row = log[-1][1][1]
+    text = row["parts"][0]["text"]
+    assert len(last_ck.transcripts) == last_ck.folds >= 3
+    assert text.endswith("\n\n" + TRANSCRIPT_LINE + ", ".join(last_ck.transcripts) + "]")
+    assert transcripts_of(text) == last_ck.transcripts
+    # one fold: exactly the line of SPEC §15.2
+    first = next(served for d, served, _ in log if d["status"] == "compacted")
+    uri = transcripts_of(first[1]["parts"][0]["text"])[0]
+    assert first[1]["parts"][0]["text"].endswith(
+        f"\n\n[The full transcript of the folded part is readable via the fs_read tool at: {uri}]")
+
+
+def test_masking_keeps_the_task_where_it_was():
+    def mask(fold):
+        return FoldOutcome("masking", rows=[dict(r) for r in fold.rows])
+    log = pure_loop(20, mask)
+    assert any(ck.folds for _, _, ck in log)
+    assert all(task_in(served) for _, served, _ in log)
+    assert all(served[0] == TASK for _, served, _ in log)
+
+
+def test_the_checkpoint_round_trips_the_task_and_transcripts():
+    ck = Checkpoint(3, [TASK], 5, 2, ["export.log"], ["context://vfs/vfs_0000000000000001.txt"], "extractive", 4,
+                    "u1")
+    assert Checkpoint.from_payload(ck.to_payload()) == ck
+    contracts.validate("subjects/ctx.compact.in_loop.request.json",
+                       {"conversationId": "c", "turnId": "t", "messages": [], "checkpoint": ck.to_payload()})
+
+
+def test_turn_start_keeps_the_current_user_message_verbatim():
+    """By construction: the keep boundary is a user row at or before the newest one (the turn's message)."""
+    filler = "word " * 900
+    rows = []
+    for i in range(6):
+        rows += [{"id": f"q{i}", "role": "user", "parts": [{"type": "text", "text": f"question {i} {filler}"}]},
+                 {"id": f"x{i}", "role": "assistant", "parts": [{"type": "text", "text": f"answer {i} {filler}"}]}]
+    rows.append(TASK)
+    plan = plan_turn_start({"messages": rows, "attachments": []}, TurnStartSettings(context_window=4_000))
+    assert plan.fold is not None and all(r["id"] != "u1" for r in plan.fold.rows)
+    done = finish(plan, extractive(plan.fold), transcript="context://vfs/vfs_00000000000000aa.txt")
+    assert done.messages[-1] == TASK and done.decision["status"] == "compacted"
+    assert done.messages[0]["parts"][0]["text"].endswith(
+        "\n\n[The full transcript of the folded part is readable via the fs_read tool at: "
+        "context://vfs/vfs_00000000000000aa.txt]")
+    assert "context://vfs/vfs_00000000000000aa.txt" in done.retained.persisted_uris
+    assert done.summary_text.endswith("context://vfs/vfs_00000000000000aa.txt]")
+
+
+# ---------- the transcript ----------
+
+class MemoryBlobs:
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+        self.refs: list[tuple[str, object, str]] = []
+
+    async def put(self, content, conversation_id, owner, role, *, media_type=None):
+        body = content if isinstance(content, bytes) else content.encode()
+        sha = hashlib.sha256(body).hexdigest()
+        self.objects[sha] = body
+        self.refs.append((sha, owner, role))
+        return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}
+
+    async def get_bytes(self, conversation_id, *, sha256=None, uri=None):
+        if sha256 is None:
+            sha256 = next(s for s in self.objects if vfs_uri(s) == uri)
+        return self.objects[sha256]
+
+    def text(self, uri: str) -> str:
+        return next(b for s, b in self.objects.items() if vfs_uri(s) == uri).decode()
+
+
+async def test_a_transcript_holds_offloaded_outputs_in_full_and_is_byte_stable():
+    blobs = MemoryBlobs()
+    store = BlobStore(blobs, 5.0)
+    rows = [TASK, call(1, "Let me look."), result(1, trim=True), call(2), result(2, trim=False)]
+    # the in-flight lane's blob (what truncation stored) is in the store
+    await blobs.put(page(1), "conv", ("turn", "t"), "provisional")
+    assert rows[2]["parts"][0]["offload"]["mode"] == "offloaded"
+    assert page(1) not in json.dumps(rows)   # served trimmed
+    uri = await store.archive(rows, "conv", "t")
+    text = blobs.text(uri)
+    assert page(1) in text and page(2) in text   # both outputs in full
+    assert '[tool call c1] read_file {"filename": "export.log", "offset": 1}' in text
+    assert text.startswith("### [1] user u1\nFind why the nightly export fails; the log is attached.\n"
+                           "[file export.log] export.log (text/plain)\n### [2] assistant a1\nLet me look.\n")
+    # owned by the turn as a tool output: not released with the turn's provisional blobs
+    assert (uri[-20:-4], ("turn", "t"), "tool_output") in [(vfs_uri(s)[-20:-4], o, r) for s, o, r in blobs.refs]
+    # the same folded span gives the same bytes (the same URI) whoever archives it
+    again = await BlobStore(blobs, 5.0).archive(json.loads(json.dumps(rows)), "conv", "t")
+    assert again == uri
+    assert render_transcript([TASK]) == render_transcript([json.loads(json.dumps(TASK))])
+    assert render_transcript(rows[:2]) != render_transcript(rows[:3])
+
+
+class NoHistory:
+    async def last_fold(self, turn_id):
+        return None
+
+
+async def test_every_folded_output_is_in_a_transcript_the_last_request_names():
+    """Three folds or more through the handler: each fold's increment is archived, the last served request names
+    every transcript, and together they hold every page the fold took away, in full."""
+    blobs = MemoryBlobs()
+    store = BlobStore(blobs, 5.0)
+    summarizers = Summarizers("extractive", put=store.put)
+    messages = [TASK]
+    ck, replies = None, []
+    for step in range(1, 46):
+        offset = ck["consumedCount"] if ck else 0
+        req = {"conversationId": "conv", "turnId": "t", "step": step, "offset": offset,
+               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
+               "settings": {"contextWindow": W}}
+        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
+        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
+        replies.append(reply)
+        ck = reply["checkpoint"]
+        messages += [call(step), result(step, trim=True)]
+        await blobs.put(page(step), "conv", ("turn", "t"), "provisional")  # what truncation stored
+    folds = [r for r in replies if r["checkpointChanged"]]
+    assert len(folds) >= 3 and all(r["decision"].get("transcript") for r in folds)
+    assert all(task_in(r["messages"]) for r in replies)
+    last = replies[-1]["messages"]
+    named = transcripts_of(last[1]["parts"][0]["text"])
+    assert named == [r["decision"]["transcript"] for r in folds]
+    archived = "".join(blobs.text(u) for u in named)
+    served = json.dumps(last)
+    for step in range(1, 45):
+        if f"c{step}\"" not in served:   # folded away: its page is in a transcript, in full
+            assert page(step) in archived, step
