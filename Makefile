@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-security test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search check-schemas contracts check-contracts \
+	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search bench-context check-schemas contracts check-contracts \
 	lint clean k8s-validate images
 
 help:  ## list targets
@@ -59,7 +59,7 @@ test-security: sync  ## the attack tests (pytest -m security tests/security) →
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas bench-tool-search  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas bench-tool-search bench-context  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -81,6 +81,10 @@ bench-compaction: sync  ## seed scenario with memoisation on/off; served tokens 
 
 bench-e2e: sync  ## real trajectories through the full stack: served tokens, prefix stability, recovery, kills
 	$(PY) bench/e2e.py --out bench/results/e2e.json
+
+bench-context: sync  ## ctxbuild (3 summarizers) vs LangChain/deepagents context strategies on the real runs, W=32k/16k (CONTEXT_METRICS.md) → context.json + PNGs
+	$(UV) sync --all-packages --locked --group bench
+	$(PY) bench/context.py --out bench/results/context.json
 
 bench-scale: sync  ## no ceiling: 50 turns / 100 MB in one conversation, turn start at 1k vs 10k messages, event sizes
 	$(PY) bench/scale.py --out bench/results/scale.json
