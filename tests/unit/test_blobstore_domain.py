@@ -110,11 +110,24 @@ def test_suggested_limit_formula():
     assert suggested_limit(page_chars=60_000, page_lines=2000, cap=50_000) == 1660
 
 
-def test_single_line_over_cap_is_not_told_to_retry_with_limit_one():
-    r = fs_ok(fs_read_page("y" * 3000, cap=2000))
-    assert r["code"] == "output-too-large"
-    assert r["message"] == ("line 1 alone renders to 3007 chars, over the 2000-char read cap; "
-                            "it cannot be shown by fs_read")
+def test_a_line_longer_than_a_page_is_cut_and_every_char_is_reachable():
+    """A long JSON one-liner: each page shows a piece of the line and names the column to continue from."""
+    line = "".join(f'{{"k{i}": "{i * 7}"}},' for i in range(900))   # ≈ 13,000 chars, one line
+    text = f"head\n{line}\ntail\n"
+    r = fs_ok(fs_read_page(text, offset=2, limit=5, cap=2000))
+    assert r["kind"] == "text" and r["startLine"] == r["endLine"] == 2 and r["nextColumn"] == 1 + 1793
+    assert r["text"] == "     2\t" + line[:1793] and len(r["text"]) <= 2000 - 200
+    assert r["modelText"].endswith("[line 2 is longer than one page: showing its chars 1-1793; call again with "
+                                   "offset=2, column=1794 to continue the line]")
+    pieces, column = [], 1
+    while True:
+        r = fs_ok(fs_read_page(text, offset=2, limit=5, cap=2000, column=column))
+        pieces.append(r["text"].split("\t", 1)[1].split("\n", 1)[0])
+        if "nextColumn" not in r:
+            break
+        column = r["nextColumn"]
+    assert "".join(pieces) == line   # every character, in order, nothing twice
+    assert r["text"].endswith("     3\ttail") and r["endLine"] == 3   # the last piece and the lines after it
 
 
 def test_error_result_shape():

@@ -18,8 +18,9 @@ from ctxbuild_blobstore.domain.fsread import fs_read_error, render_lines, sugges
 from ctxbuild_platform import contracts
 
 
-def reference_fs_read(text: str, offset: int, limit: int, cap: int) -> dict:
-    """fs_read exactly as specified (SPEC §6), on the whole text: the walking skeleton's implementation."""
+def reference_fs_read(text: str, offset: int, limit: int, cap: int, column: int = 1) -> dict:
+    """fs_read exactly as specified (SPEC §6, §15.2), on the whole text: the walking skeleton's implementation,
+    plus the cut of a first line longer than one page (shown from ``column``, continued by ``nextColumn``)."""
     lines = split_lines(text)
     total = len(lines)
     if total == 0 and offset == 1:
@@ -28,7 +29,16 @@ def reference_fs_read(text: str, offset: int, limit: int, cap: int) -> dict:
     if offset > total:
         return fs_read_error("offset-out-of-range",
                              f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
-    page = lines[offset - 1: offset - 1 + limit]
+    first = lines[offset - 1][column - 1:]
+    room = max(1, cap - 200 - 7)
+    if len(first) > room:
+        body = f"{offset:>6}\t{first[:room]}"
+        return {"kind": "text", "text": body, "startLine": offset, "endLine": offset, "totalLines": total,
+                "nextColumn": column + room,
+                "modelText": body + f"\n\n[line {offset} is longer than one page: showing its chars "
+                                    f"{column}-{column + room - 1}; call again with offset={offset}, "
+                                    f"column={column + room} to continue the line]"}
+    page = [first, *lines[offset: offset - 1 + limit]]
     end = offset + len(page) - 1
     body = render_lines(page, offset)
     if len(body) > cap:
@@ -64,12 +74,13 @@ def test_line_pager_matches_the_reference_for_any_split():
         text = random_text(rnd, 80)
         total = count_lines(text)
         offset, limit, cap = rnd.randint(1, total + 2), rnd.randint(1, 9), rnd.randint(8, 300)
-        pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=cap)
+        column = rnd.choice([1, 1, rnd.randint(1, 50)])
+        pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=cap, column=column)
         for piece in random_split(rnd, text):
             if pager.feed(piece):
                 break
         got = pager.result()
-        assert got == reference_fs_read(text, offset, limit, cap), (text, offset, limit, cap)
+        assert got == reference_fs_read(text, offset, limit, cap, column), (text, offset, limit, cap, column)
         contracts.validate("subjects/ctx.blob.fs_read.reply.json", got)
 
 

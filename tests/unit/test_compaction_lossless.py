@@ -231,3 +231,24 @@ async def test_every_folded_output_is_in_a_transcript_the_last_request_names():
     for step in range(1, 45):
         if f"c{step}\"" not in served:   # folded away: its page is in a transcript, in full
             assert page(step) in archived, step
+
+
+async def test_a_turn_start_fold_archives_its_span_and_later_turns_keep_the_link():
+    from tests.unit.test_compaction_domain import history, long_history
+    from tests.unit.test_compaction_handler import Counting, FakeHistory, request, valid
+
+    blobs = MemoryBlobs()
+    hist = FakeHistory(history(long_history()))
+    reply = valid(await turn_start(request(contextWindow=4_000), hist, Counting(), archive=BlobStore(blobs, 5.0)))
+    d = reply["decision"]
+    assert d["status"] == "compacted" and d["stored"] and d["transcript"] in reply["retained"]["persistedUris"]
+    row = reply["messages"][0]["parts"][0]["text"]
+    assert row.endswith(f"\n\n[The full transcript of the folded part is readable via the fs_read tool at: "
+                        f"{d['transcript']}]")
+    folded_ids = [m["id"] for m in long_history()][: d["foldedCount"]]
+    assert [ln.split()[-1] for ln in blobs.text(d["transcript"]).splitlines() if ln.startswith("### [")] \
+        == folded_ids
+    # a later turn reads the stored summary back: the same row bytes, the transcript still retained (readable)
+    later = valid(await turn_start(request(contextWindow=100_000), hist, Counting()))
+    assert later["messages"][0]["parts"][0]["text"] == row
+    assert d["transcript"] in later["retained"]["persistedUris"]

@@ -23,7 +23,8 @@ def config_from(settings: Settings) -> Config:
                   chunk_bytes=settings.transfer_chunk_bytes, part_bytes=settings.upload_part_bytes,
                   upload_max_bytes=settings.upload_max_bytes, max_uploads=settings.max_uploads,
                   index_stride=settings.index_stride_bytes, cache_object_max=settings.cache_object_max_bytes,
-                  fault_exit_after_object_write=settings.fault_exit_after_object_write)
+                  fault_exit_after_object_write=settings.fault_exit_after_object_write,
+                  pattern_timeout_s=settings.fs_read_pattern_timeout_s)
 
 
 def build(settings: Settings) -> AsgiFastStream:

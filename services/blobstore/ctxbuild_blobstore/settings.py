@@ -29,6 +29,9 @@ class Settings(ServiceSettings):
 
     read_cap_chars: int = Field(50_000, ge=2_000,
                                 description="fs_read page cap (= the truncate threshold); larger pages are refused")
+    fs_read_pattern_timeout_s: float = Field(2.0, gt=0, description="fs_read with a pattern: the regular "
+                                             "expression's time bound for one read (a catastrophic pattern "
+                                             "answers pattern-timeout)")
     fs_read_max_bytes: int = Field(4 * GIB, ge=1, description="blobs larger than this are `too-large` for "
                                                               "fs_read/read_file (pages are streamed: no memory "
                                                               "reason for a low limit)")

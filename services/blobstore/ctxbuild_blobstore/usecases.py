@@ -29,7 +29,15 @@ from .adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgr
 from .adapters.s3 import ObjectGone, ObjectReader, ObjectStore
 from .adapters.transfer import Transfer
 from .domain.access import ReadScope
-from .domain.fsread import Candidate, LinePager, Resolved, fs_read_error, resolve_prefix
+from .domain.fsread import (
+    Candidate,
+    LinePager,
+    LineSearch,
+    Resolved,
+    compile_pattern,
+    fs_read_error,
+    resolve_prefix,
+)
 from .domain.keys import INBOX, object_key, temp_key
 from .domain.readfile import CharPager, read_file_error, read_file_not_found, read_file_range_error
 from .domain.textindex import DEFAULT_STRIDE, Indexer, Marks, TextIndex, index_bytes, origin_marks
@@ -101,6 +109,7 @@ class Config:
     cache_object_max: int = 1 << 20
     fault_exit_after_object_write: bool = False
     result_max_bytes: int = 640 * 1024  # get_result replies inline: stay well under NATS max_payload
+    pattern_timeout_s: float = 2.0  # fs_read with a pattern: one deadline for the whole search
 
 
 def _encode(content: str) -> bytes:
@@ -442,9 +451,13 @@ class BlobStore:
                 return fs_read_error("not-found", f"{name} is no longer available")
             if not indexed.is_text:
                 return fs_read_error("binary", f"{name} is binary content, not text")
-            offset, limit = req.get("offset", 1), req.get("limit", 2000)
+            offset, column = req.get("offset", 1), req.get("column", 1)
             total = indexed.lines or 0
-            pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=self.cfg.read_cap)
+            if req.get("pattern") is not None:
+                return await self._search(indexed, name, req["pattern"], offset, req.get("limit"), total)
+            limit = req.get("limit", 2000)
+            pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=self.cfg.read_cap,
+                              column=column)
             if pager.done:
                 return pager.result()
             line_marks, _ = await self._seek_marks(indexed)
@@ -452,7 +465,7 @@ class BlobStore:
             end = line_marks.ceil_offset(pager.last + 1)
             end = indexed.size if end is None else end
             pager = LinePager(first_line=first_line, offset=offset, limit=limit, total_lines=total,
-                              cap=self.cfg.read_cap)
+                              cap=self.cfg.read_cap, column=column)
             try:
                 async for text in self._text(indexed, start, end - start):
                     if pager.feed(text):
@@ -460,6 +473,31 @@ class BlobStore:
             except ObjectGone:
                 return fs_read_error("not-found", f"{name} is no longer available")
             return pager.result(at_end=end == indexed.size)
+
+    async def _search(self, indexed: BlobInfo, name: str, pattern: str, offset: int, limit: int | None,
+                      total: int) -> dict[str, Any]:
+        """fs_read with a pattern: the matching lines of [offset, offset + limit − 1] (default: to the end). The
+        regex work runs off the event loop, bounded by one deadline for the whole read."""
+        compiled = compile_pattern(pattern)
+        if isinstance(compiled, dict):
+            return compiled
+        search = LineSearch(compiled, first_line=1, offset=offset, limit=limit, total_lines=total,
+                            cap=self.cfg.read_cap, timeout_s=self.cfg.pattern_timeout_s)
+        if search.done:
+            return search.result()
+        line_marks, _ = await self._seek_marks(indexed)
+        first_line, start = line_marks.floor(offset)
+        end = line_marks.ceil_offset(search.last + 1)
+        end = indexed.size if end is None else end
+        search = LineSearch(compiled, first_line=first_line, offset=offset, limit=limit, total_lines=total,
+                            cap=self.cfg.read_cap, timeout_s=self.cfg.pattern_timeout_s)
+        try:
+            async for text in self._text(indexed, start, end - start):
+                if await asyncio.to_thread(search.feed, text):
+                    break
+        except ObjectGone:
+            return fs_read_error("not-found", f"{name} is no longer available")
+        return search.result(at_end=end == indexed.size)
 
     async def _in_scope(self, prefix: str, candidates: list[Candidate], conversation: str,
                         scope: ReadScope | None) -> list[Candidate]:

@@ -22,13 +22,20 @@ READ_FILE = ToolSpec(
 )
 FS_READ = ToolSpec(
     name="fs_read",
-    description="Read archived full tool output by its context://vfs/ URI, in pages of numbered lines.",
+    description="Read archived full tool output (or a compaction's transcript) by its context://vfs/ URI, in pages "
+                "of numbered lines; with `pattern`, only the lines matching a regular expression.",
     input_schema={
         "type": "object",
         "properties": {
             "uri": {"type": "string"},
             "offset": {"type": "integer", "minimum": 1, "description": "first line (default 1)"},
-            "limit": {"type": "integer", "minimum": 1, "description": "lines (default 2000)"},
+            "limit": {"type": "integer", "minimum": 1,
+                      "description": "lines (default 2000; with a pattern: lines searched, default to the end)"},
+            "column": {"type": "integer", "minimum": 1,
+                       "description": "first character of line `offset` to show (default 1): continues a line "
+                                      "too long for one page"},
+            "pattern": {"type": "string", "minLength": 1,
+                        "description": "a regular expression: return only the matching lines, with their numbers"},
         },
         "required": ["uri"],
         "additionalProperties": False,
