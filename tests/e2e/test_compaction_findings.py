@@ -89,13 +89,16 @@ async def test_in_loop_folds_keep_every_request_under_the_trigger(conversation):
     # the durable checkpoint: each fold consumed more of the turn, its prefix is one summary row
     consumed = [c["consumedCount"] for c in checkpoints]
     assert consumed == sorted(consumed) and len(set(consumed)) == len(consumed)
-    assert all(len(c["compactedPrefix"]) == 1 and c["compactedPrefix"][0]["id"].startswith("compaction:")
-               for c in checkpoints)
-    # the summary row keeps the way back: the attachment and every folded page's archive URI
-    text = checkpoints[-1]["compactedPrefix"][0]["parts"][0]["text"]
+    # its prefix is the pinned task, then one summary row (SPEC §15.2)
+    assert all(len(c["compactedPrefix"]) == 2 and c["compactedPrefix"][0]["role"] == "user"
+               and c["compactedPrefix"][0]["parts"] == [{"type": "text", "text": "Read service.log page by page."}]
+               and c["compactedPrefix"][1]["id"].startswith("compaction:") for c in checkpoints)
+    # the summary row keeps the way back: the attachment and one transcript per fold
+    text = checkpoints[-1]["compactedPrefix"][1]["parts"][0]["text"]
     assert "[Files attached in this conversation remain readable in full via the read_file tool: service.log]" in text
-    uris = [r["offload"]["uri"] for r in of(t1, "ToolResultRecorded")]
-    assert all(u in text for u in uris[: consumed[-1] // 2 - 1])
+    line = text.rsplit("\n\n", 1)[1]
+    assert line.startswith("[The full transcript of the folded part is readable via the fs_read tool at: ")
+    assert len(line.split(", ")) == len(checkpoints) == checkpoints[-1]["folds"]
 
 
 async def test_finding_4_second_fold_summarizes_the_first_fold_plus_the_increment(conversation):
@@ -103,7 +106,7 @@ async def test_finding_4_second_fold_summarizes_the_first_fold_plus_the_incremen
     checkpoints = of(conversation["t1"], "InLoopFoldRecorded")
     first, second = folds[0], folds[1]
     assert first["foldInput"]["previousSummaryId"] is None
-    assert second["foldInput"]["previousSummaryId"] == checkpoints[0]["compactedPrefix"][0]["id"]
+    assert second["foldInput"]["previousSummaryId"] == checkpoints[0]["compactedPrefix"][1]["id"]
     assert set(first["foldInput"]["rowIds"]).isdisjoint(second["foldInput"]["rowIds"])
     # exactly the increment: the rows between the two boundaries
     assert len(second["foldInput"]["rowIds"]) == checkpoints[1]["consumedCount"] - checkpoints[0]["consumedCount"]
