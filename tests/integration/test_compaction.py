@@ -26,6 +26,7 @@ def text(t):
 @pytest.fixture(scope="module")
 def services(start_service):
     start_service("persistence")
+    start_service("blobstore")   # a fold's transcript is archived there (SPEC §15.2)
     start_service("compaction")
 
 
@@ -83,14 +84,20 @@ async def test_small_window_compacts_large_window_serves(services, rpc):
     body = summary["parts"][0]["text"]
     assert "- User: Please review the attached report." in body and "[attached: report.pdf]" in body
     assert f"[called: web_search(q=report) → archived at {URI}]" in body
+    # the folded span is archived as one transcript (SPEC §15.2): the row names it, the read scope retains it
     assert body.endswith("[Files attached in this conversation remain readable in full via the read_file tool: "
-                         "report.pdf]\n\n[Tool output archived from this conversation remains readable in full "
-                         f"via the fs_read tool at: {URI}]")
+                         "report.pdf]\n\n[The full transcript of the folded part is readable via the fs_read tool "
+                         f"at: {d['transcript']}]")
     assert d["stored"] is True and d["summarizer"] == "extractive"
     # finding #2: the attachment's message is folded, the attachment stays readable
     assert small["retained"] == {"fileAttachments": [{"sha256": SHA, "handle": "report.pdf",
                                                       "displayName": "report.pdf"}],
-                                 "persistedUris": [URI]}
+                                 "persistedUris": [URI, d["transcript"]]}
+    page = await rpc.call("ctx.blob.fs_read", {"conversationId": cid, "uri": d["transcript"],
+                                               "retained": small["retained"]})
+    assert page["kind"] == "text" and [ln.split("\t")[1] for ln in page["text"].split("\n")
+                                       if ln.split("\t")[1].startswith("### [")] == [
+        "### [1] user u1", "### [2] assistant a1", "### [3] tool t1", "### [4] assistant a2"]
 
     # write once, serve many: the next turn serves the stored summary (no fold, no second event), same bytes
     again = await rpc.call("ctx.compact.turn_start", {"conversationId": cid, "settings": {"contextWindow": 4_000}})
@@ -110,6 +117,7 @@ async def test_small_window_compacts_large_window_serves(services, rpc):
     assert later["decision"]["status"] == "serve" and later["messages"][0] == summary
     assert [a["handle"] for a in later["retained"]["fileAttachments"]] == ["report.pdf", "late.csv"]
     assert [m["id"] for m in later["messages"]] == ["compaction:a2", "u2", "a3", "u3"]
+    assert d["transcript"] in later["retained"]["persistedUris"]   # a later turn may still read it
 
 
 async def test_large_window_serves_the_whole_path(services, rpc):
@@ -174,7 +182,9 @@ async def test_in_loop_fold_checkpoint_and_read_back(services, rpc):
     d, ck = folded["decision"], folded["checkpoint"]
     assert d["status"] == "compacted" and folded["checkpointChanged"] and d["postTokens"] <= d["trigger"]
     assert ck["consumedCount"] == d["consumedCount"] > 0
-    assert folded["messages"][0]["id"] == f"compaction:{msgs[ck['consumedCount'] - 1]['id']}"
+    # the task (the turn's user message) is pinned before the summary row, never folded
+    assert folded["messages"][0] == msgs[0] and ck["taskId"] == msgs[0]["id"]
+    assert folded["messages"][1]["id"] == f"compaction:{msgs[ck['consumedCount'] - 1]['id']}"
 
     # the runner records the checkpoint on the turn stream; a replica resuming the turn reads it back
     await rpc.call("ctx.persist.append", {"streamId": f"turn:{turn}", "expectedVersion": 0, "events": [
