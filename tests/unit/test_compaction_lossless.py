@@ -252,3 +252,33 @@ async def test_a_turn_start_fold_archives_its_span_and_later_turns_keep_the_link
     later = valid(await turn_start(request(contextWindow=100_000), hist, Counting()))
     assert later["messages"][0]["parts"][0]["text"] == row
     assert d["transcript"] in later["retained"]["persistedUris"]
+
+
+async def test_masking_on_a_long_run_collapses_its_prefix_and_stays_in_the_window():
+    """Masking alone grows without bound on a long run (every masked call and answer stays); once its prefix no
+    longer fits the trigger it is collapsed into a summary row with a transcript — the task still pinned."""
+    blobs = MemoryBlobs()
+    store = BlobStore(blobs, 5.0)
+    summarizers = Summarizers("masking", put=store.put)
+    messages = [TASK]
+    ck, replies = None, []
+    thought = "I will read the next page of the export log and compare it with what I found before. " * 6
+    for step in range(1, 81):
+        offset = ck["consumedCount"] if ck else 0
+        req = {"conversationId": "conv", "turnId": "t", "step": step, "offset": offset,
+               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
+               "settings": {"contextWindow": W}}
+        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
+        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
+        replies.append(reply)
+        ck = reply["checkpoint"]
+        messages += [call(step, thought), result(step, trim=False)]
+    collapsed = [r for r in replies if r["decision"].get("note") == "masking-collapsed"]
+    assert collapsed and all(r["decision"]["summarizer"] == "masking" for r in collapsed)
+    assert all(FIXED + count_messages(r["messages"]) <= W for r in replies)
+    assert all(task_in(r["messages"]) for r in replies)
+    assert all(orphans(r["messages"]) == {"calls": [], "results": []} for r in replies)
+    # after a collapse: [task, summary row naming its transcript, masked rows…]
+    last = replies[-1]["messages"]
+    assert last[0] == TASK and last[1]["id"].startswith("compaction:")
+    assert transcripts_of(last[1]["parts"][0]["text"]) == [r["decision"]["transcript"] for r in collapsed]

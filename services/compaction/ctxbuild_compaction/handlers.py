@@ -234,8 +234,21 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
             if choice.note:
                 extra["note"] = choice.note
             outcome, transcript = await _fold_and_archive(choice, plan.fold, checkpoints, conversation_id, turn_id)
+            planned = plan
             plan, changed = finish_in_loop(plan, outcome, transcript)
-            if transcript and outcome.rows is None:
+            if changed and outcome.rows is not None and plan.decision["postTokens"] > plan.decision["trigger"]:
+                # masking alone no longer fits (a long run: the masked calls and answers add up): collapse the
+                # masked prefix and the increment into a summary row with the offline summarizer — lossless all
+                # the same, the transcript holds every output in full
+                collapsed, transcript = await _fold_and_archive(Choice(pick.extractive, None), planned.fold,
+                                                                checkpoints, conversation_id, turn_id)
+                if not collapsed.empty:
+                    collapsed.summarizer = outcome.summarizer
+                    collapsed.fallback_from = outcome.fallback_from
+                    collapsed.error = outcome.error
+                    plan, changed = finish_in_loop(planned, collapsed, transcript)
+                    extra["note"] = "; ".join(filter(None, [extra.get("note"), "masking-collapsed"]))
+            if transcript and plan.checkpoint.transcripts and plan.checkpoint.transcripts[-1] == transcript:
                 extra["transcript"] = transcript
         d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
              "durationMs": int((time.monotonic() - t0) * 1000)}
