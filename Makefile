@@ -10,7 +10,7 @@ STACK_DIR ?= .stack
 export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
-.PHONY: help sync up down status logs run demo test test-security test-unit test-integration bench bench-pipeline bench-codec \
+.PHONY: help sync up down status logs run demo test test-security test-chaos test-unit test-integration bench bench-pipeline bench-codec \
 	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search bench-context check-schemas contracts check-contracts \
 	lint clean k8s-validate images
 
@@ -27,13 +27,13 @@ $(UV):
 
 sync: .venv/.synced  ## install the workspace (uv, locked)
 
-up: sync  ## start NATS, Postgres, SeaweedFS and the six services (idempotent)
+up: sync  ## start NATS, Postgres, SeaweedFS and the six services (idempotent; a dead one comes back on its own port)
 	$(PY) -m ctxbuild_devstack up --dir $(STACK_DIR)
 
 down:  ## stop everything (services drain first)
 	@if [ -x $(PY) ]; then $(PY) -m ctxbuild_devstack down --dir $(STACK_DIR); fi
 
-status: sync  ## show each component and its readiness
+status: sync  ## show each component and its readiness (exit 1 unless all nine are ready)
 	$(PY) -m ctxbuild_devstack status --dir $(STACK_DIR)
 
 logs: sync  ## tail every component's log (make logs NAME=blobstore for one)
@@ -44,8 +44,8 @@ run: up demo  ## the main job: bring the stack up and run the offline demo
 demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
 	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
-test: sync check-contracts k8s-validate test-security  ## unit, contract, integration, end-to-end and attack tests on a real local stack
-	@$(PY) -m pytest tests -m "not security"; rc=$$?; \
+test: sync check-contracts k8s-validate test-security test-chaos  ## unit, contract, integration, end-to-end, attack and chaos tests on a real local stack
+	@$(PY) -m pytest tests -m "not security and not chaos"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass" >&2; exit 1; fi; \
 	exit $$rc
 
@@ -55,6 +55,13 @@ test-security: sync  ## the attack tests (pytest -m security tests/security) →
 	if [ $$rc -eq 5 ]; then echo "pytest collected no attack tests: that is a broken suite, not a pass" >&2; rc=1; fi; \
 	$(PY) bench/security.py $$junit --out bench/results/security.json || rc=1; \
 	rm -f $$junit; exit $$rc
+
+test-chaos: sync  ## faults injected into real replayed turns (pytest -m chaos tests/chaos) → bench/results/chaos.json (must hold)
+	@record=$$(mktemp --suffix=.json); rm -f $$record; \
+	CTX_CHAOS_OUT=$$record $(PY) -m pytest -m chaos tests/chaos; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no chaos tests: that is a broken suite, not a pass" >&2; rc=1; fi; \
+	$(PY) bench/chaos.py $$record --out bench/results/chaos.json || rc=1; \
+	rm -f $$record; exit $$rc
 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
