@@ -282,3 +282,13 @@ async def test_masking_on_a_long_run_collapses_its_prefix_and_stays_in_the_windo
     last = replies[-1]["messages"]
     assert last[0] == TASK and last[1]["id"].startswith("compaction:")
     assert transcripts_of(last[1]["parts"][0]["text"]) == [r["decision"]["transcript"] for r in collapsed]
+
+
+def test_the_task_is_the_user_message_that_started_the_turn():
+    from ctxbuild_compaction.domain.in_loop import find_task
+    note = {"id": "h1", "role": "user", "turnId": "t", "parts": [{"type": "text", "text": "format error, retry"}]}
+    rows = [{"id": "u0", "role": "user", "parts": []}, TASK, call(1), result(1, False), note, call(2)]
+    assert find_task(rows, "t") == "u1"          # a later user row (a harness note) is not the task
+    assert find_task(rows[:2], "t") == "u1"      # no row of the turn yet: the newest user row
+    summary = {"id": "compaction:x", "role": "user", "parts": [{"type": "text", "text": "…"}]}
+    assert find_task([TASK, summary], None) == "u1"

@@ -9,8 +9,8 @@ are represented by ``compactedPrefix`` (a summary row, or masked rows after a ma
   kept (at least one), and only the older groups of the tail — the increment — are folded, together with the
   previous summary (summary of summary). The summarizer input is O(increment), never the history (finding #4).
 
-Pinned, never folded (SPEC §15.2): system rows and the turn's task — the newest user row of the candidate that is
-not a summary row (the turn's own rows are assistant and tool rows). Once folded past, the task sits right after
+Pinned, never folded (SPEC §15.2): system rows and the turn's task — the newest user row (not a summary row)
+before the turn's own first row, i.e. the message that started the turn. Once folded past, the task sits right after
 the system rows of the compacted prefix, verbatim, before the summary row: ``[system…, task, summary, kept…]``, so
 its position and bytes never change from one fold to the next. A masking fold keeps it where it was (masking
 never touches a user row).
@@ -169,7 +169,7 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
         return replace(plan, decision={**decision, "reason": "under-trigger"})
 
     # over the trigger: keep the newest groups that fit the keep budget (at least one), fold the older ones
-    task_id = ck.task_id or find_task(candidate)
+    task_id = ck.task_id or find_task(candidate, turn_id)
     pinned_idx, groups = group_rows(tail)
     keep_from, acc = len(groups), 0
     for g in range(len(groups) - 1, -1, -1):
@@ -214,10 +214,11 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
                              "foldedCount": len(folded), "foldInput": fold_input(fold, ck)})
 
 
-def find_task(rows: Sequence[Message]) -> str | None:
-    """The id of the turn's task: the newest user row that is not a summary row (a turn's own rows are
-    assistant and tool rows, so this is the message that started the turn)."""
-    for row in reversed(rows):
+def find_task(rows: Sequence[Message], turn_id: str | None = None) -> str | None:
+    """The id of the turn's task: the newest user row (not a summary row) before the turn's own first row — the
+    message that started the turn, even when user rows come later (a harness's notes between steps)."""
+    end = next((i for i, r in enumerate(rows) if turn_id is not None and r.get("turnId") == turn_id), len(rows))
+    for row in reversed(rows[:end]):
         if row.get("role") == "user" and not is_summary_row(row) and row.get("id") is not None:
             return str(row["id"])
     return None
