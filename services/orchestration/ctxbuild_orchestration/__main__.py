@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 from ctxbuild_platform import contracts
+from ctxbuild_platform.deadletter import DeadLetterConfig, DeadLetters
 from ctxbuild_platform.errors import InvalidPayload, ServiceError
 from ctxbuild_platform.logging import configure_logging
 from ctxbuild_platform.rpc import RpcClient
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse
 from faststream.nats.fastapi import NatsRouter
 
 from .adapters.backends import Backends
-from .adapters.work_queue import ABORT_SUBJECT, Delivery, Heartbeat, QueueConfig, TurnQueue
+from .adapters.work_queue import ABORT_SUBJECT, Delivery, Heartbeat, QueueConfig, TurnQueue, nak, retry_delay
 from .auth import AuthConfig, Authenticator
 from .handlers import EdgeLimits, build_api, install_error_handlers
 from .runner import TurnRunner, new_id
@@ -74,6 +75,7 @@ class RunnerLoop:
     def start(self) -> None:
         self._loop_task = asyncio.create_task(
             self.queue.consume(self.handle, self.settings.max_concurrent_turns, self.stopping), name="turn-pull")
+        self.queue.health.task = self._loop_task  # /readyz: a consumer whose loop is gone is not ready
 
     async def handle(self, d: Delivery) -> None:
         task = asyncio.current_task()
@@ -83,7 +85,12 @@ class RunnerLoop:
             async with Heartbeat(d.msg, self.settings.turn_ack_wait_s):
                 outcome = await self.runner.run(d.turn_id, attempt=d.attempt)
             log.info("turn-ended", turn_id=d.turn_id, outcome=outcome, attempt=d.attempt)
-            if outcome != "taken-over":
+            if outcome == "unended":  # the terminal event is not stored: never acknowledged before it is
+                await nak(d.msg, delay=retry_delay(d.attempt))
+            elif outcome == "unknown":  # no TurnQueued: nothing will ever run it — parked, not dropped
+                await self.queue.dead_letters.park(d.msg, f"turn-unknown: turn:{d.turn_id} has no TurnQueued",
+                                                   consumer=self.queue.config.durable)
+            elif outcome != "taken-over":
                 await d.msg.ack()
         except asyncio.CancelledError:
             reason = self.aborts.pop(d.turn_id, None)
@@ -96,15 +103,16 @@ class RunnerLoop:
 
     async def _abort_recorded(self, d: Delivery, reason: str) -> None:
         try:
-            await self.runner.abort_now(d.turn_id, reason)
-        finally:
-            await d.msg.ack()
+            async with Heartbeat(d.msg, self.settings.turn_ack_wait_s):
+                await self.runner.abort_now(d.turn_id, reason)
+        except Exception as exc:
+            log.error("abort-not-recorded", turn_id=d.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
+            await nak(d.msg, delay=retry_delay(d.attempt))
+            return
+        await d.msg.ack()
 
     async def _nak(self, d: Delivery) -> None:
-        try:
-            await d.msg.nak()
-        except Exception as exc:  # connection closing: ack_wait hands it over instead
-            log.warning("nak-failed", turn_id=d.turn_id, error=str(exc))
+        await nak(d.msg)
 
     def abort(self, turn_id: str, reason: str) -> None:
         task = self.running.get(turn_id)
@@ -129,13 +137,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.service_name, settings.log_level)
     router = NatsRouter(**broker_options(settings))
     broker = router.broker
-    backends = Backends(RpcClient(broker, settings.request_timeout_s), settings.tool_timeout_s)
+    rpc = RpcClient(broker, settings.request_timeout_s)
+    backends = Backends(rpc, settings.tool_timeout_s)  # the edge: a persistence outage is a 503 at once
+    # the runner waits for persistence (a turn must reach its terminal event) and retries truncation elsewhere
+    runner_backends = Backends(rpc, settings.tool_timeout_s, patience_s=settings.persist_patience_s,
+                               truncate_attempt_s=settings.truncate_attempt_timeout_s,
+                               truncate_attempts=settings.truncate_attempts)
+    dead_letters = DeadLetters(lambda: broker.connection, settings.service_name,
+                               DeadLetterConfig(stream=settings.dead_letter_stream,
+                                                replicas=settings.turns_stream_replicas))
     queue = TurnQueue(lambda: broker.connection, QueueConfig(
         stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s,
-        replicas=settings.turns_stream_replicas))
+        replicas=settings.turns_stream_replicas, max_deliveries=settings.turn_max_deliveries), dead_letters)
     web = WebTools(settings, mcp_invoke=lambda tool_id, args: backends.invoke(tool_id, args, new_id("call")))
-    runner = TurnRunner(backends, provider_factory(settings, backends), default_max_steps=settings.max_steps,
-                        keep_requests=settings.keep_served_requests, web_tools=web)
+    runner = TurnRunner(runner_backends, provider_factory(settings, runner_backends),
+                        default_max_steps=settings.max_steps, keep_requests=settings.keep_served_requests,
+                        web_tools=web, terminal_patience_s=settings.terminal_patience_s,
+                        compaction_timeout_s=settings.compaction_timeout_s,
+                        keep_request_patience_s=settings.keep_request_patience_s)
     loop = RunnerLoop(queue, runner, settings)
     state = {"started": False}
     runs_turns = settings.role in ("all", "runner")
@@ -172,7 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.role in ("all", "edge"):
         app.include_router(build_api(backends, queue, settings.sse_poll_s,
                                      lambda spec: check_provider(spec, settings), settings.max_steps_limit,
-                                     EdgeLimits.from_settings(settings), auth))
+                                     EdgeLimits.from_settings(settings), auth, settings.abort_grace_s))
     app.state.broker = broker
     app.state.runner_loop = loop
     install_error_handlers(app, auth)
@@ -183,8 +202,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
-        ok = state["started"] and await broker.ping(timeout=1.0)
-        return JSONResponse({"status": "ready" if ok else "not-ready"}, status_code=200 if ok else 503)
+        """Ready = started, NATS answers and (runner role) the turn consumer is consuming: a pull loop that
+        crashed (being restarted) or cannot fetch is not ready (SPEC §15.4)."""
+        failing = [] if state["started"] else ["starting"]
+        if not await broker.ping(timeout=1.0):
+            failing.append("nats")
+        body: dict[str, Any] = {}
+        if runs_turns:
+            body["consumers"] = [queue.health.report()]
+            if state["started"] and not queue.health.ok:
+                failing.append(f"consumer:{queue.health.name}")
+        if failing:
+            return JSONResponse({"status": "not-ready", "failing": failing, **body}, status_code=503)
+        return JSONResponse({"status": "ready", **body})
 
     return app
 

@@ -22,6 +22,23 @@ class Settings(ServiceSettings, WebToolSettings):
     turns_stream_replicas: int = Field(1, ge=1, le=5, description="replicas of the turns stream when a replica "
                                        "creates it (3 on a three-node JetStream cluster)")
     turns_consumer: str = Field("turn-runner", description="durable pull consumer shared by the runner replicas")
+    turn_max_deliveries: int = Field(10, ge=2, description="a turn command delivered more often is parked on the "
+                                     "dead-letter stream instead of being run again")
+    dead_letter_stream: str = Field("CTX_DEAD_LETTERS", description="JetStream stream of parked messages "
+                                    "(subjects ctx.dlq.<original subject>)")
+    persist_patience_s: float = Field(120.0, ge=0, description="runner: how long a persistence call (append by "
+                                      "event id, read, persist lane) is retried while persistence/Postgres is away")
+    terminal_patience_s: float = Field(600.0, ge=0, description="runner: how long a turn's terminal event is "
+                                       "retried; then the command is handed back (resumed or ended later)")
+    compaction_timeout_s: float = Field(120.0, gt=0, description="runner: one compaction call (an llm summarizer "
+                                        "is a model call); past it the runner fits the window in-process")
+    truncate_attempt_timeout_s: float = Field(30.0, gt=0, description="runner: one ctx.truncate.step attempt "
+                                              "(+1 s per 4 MiB of outputs); a timed-out attempt is sent again")
+    truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")
+    keep_request_patience_s: float = Field(20.0, ge=0, description="runner: how long a served request's blob "
+                                           "write is retried before StepServed records it missing")
+    abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
+                                 "this long is ended by the edge (one terminal event id either way)")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"
     sse_poll_s: float = Field(0.2, description="SSE: how often to read new turn events when no wake-up arrives")

@@ -7,6 +7,11 @@
   after ``ack_wait`` to another replica, and that one resumes from the events.
 - On drain the runner NAKs the turns it is still running (after the drain window) so another replica takes them
   over at once instead of after ``ack_wait``.
+- A command that cannot be decoded or validated, or was delivered more than ``max_deliveries`` times, is parked
+  on the dead-letter stream (``ctxbuild_platform.deadletter``) and terminated; the pull loop is supervised
+  (restarted on any exception) and its state is part of ``/readyz``.
+- The command is acknowledged only once the turn has its terminal event (or had one already); a turn whose end
+  could not be stored is handed back (``nak`` with a growing delay) and resumed or ended on redelivery.
 - ``ctx.turn.abort`` (core NATS, every replica) wakes the replica that runs a turn; the durable part of an abort
   is the TurnAbortRequested event, read at pick-up and by the runner's next write (a version conflict).
 """
@@ -21,7 +26,10 @@ from typing import Any
 
 import structlog
 from ctxbuild_platform import contracts
+from ctxbuild_platform.consumers import ConsumerHealth, supervise
+from ctxbuild_platform.deadletter import DeadLetters
 from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_platform.rpc import unprocessable
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -31,6 +39,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 log = structlog.get_logger("work-queue")
 
 RUN_SUBJECT = "ctx.turn.run"
+FETCH_FAILURES_BEFORE_RESUBSCRIBE = 3
 ABORT_SUBJECT = "ctx.turn.abort"
 
 
@@ -42,6 +51,7 @@ class QueueConfig:
     ack_wait_s: float = 30.0
     duplicate_window_s: float = 600.0
     max_ack_pending: int = 1000
+    max_deliveries: int = 10  # a command delivered more often than this is parked (dead letter), not run again
     replicas: int = 1  # stream replicas when this service creates it (3 on a three-node JetStream cluster)
 
 
@@ -56,9 +66,13 @@ class Delivery:
 
 
 class TurnQueue:
-    def __init__(self, connection: Callable[[], NatsClient], config: QueueConfig | None = None) -> None:
+    def __init__(self, connection: Callable[[], NatsClient], config: QueueConfig | None = None,
+                 dead_letters: DeadLetters | None = None) -> None:
         self._connection = connection
         self.config = config or QueueConfig()
+        self.dead_letters = dead_letters or DeadLetters(connection, "orchestration")
+        self.health = ConsumerHealth(self.config.durable)
+        self._tasks: set[asyncio.Task] = set()
 
     def _js(self):
         return self._connection().jetstream(timeout=10)
@@ -85,6 +99,7 @@ class TurnQueue:
                     filter_subject=c.subject))
             except BadRequestError:
                 await js.consumer_info(c.stream, c.durable)
+        await self.dead_letters.ensure()
 
     async def submit(self, turn_id: str, conversation_id: str) -> None:
         payload = json.dumps({"turnId": turn_id, "conversationId": conversation_id}).encode()
@@ -98,52 +113,112 @@ class TurnQueue:
     async def consume(self, handle: Callable[[Delivery], Awaitable[None]], slots: int,
                       stopping: asyncio.Event) -> None:
         """Pull commands while there are free slots, until ``stopping`` is set. ``handle`` owns the delivery
-        (ack/nak/heartbeat through :class:`Heartbeat`); at most ``slots`` run at once."""
-        sub = await self._js().pull_subscribe(self.config.subject, durable=self.config.durable, stream=self.config.stream)
+        (ack/nak/heartbeat through :class:`Heartbeat`); at most ``slots`` run at once. The pull loop is
+        supervised: whatever it raises is logged, shown in :attr:`health` (``/readyz``) and the loop restarted."""
         free = asyncio.Semaphore(slots)
+        await supervise(self.config.durable, lambda: self._consume(handle, free, stopping), self.health, stopping)
+
+    async def _consume(self, handle: Callable[[Delivery], Awaitable[None]], free: asyncio.Semaphore,
+                       stopping: asyncio.Event) -> None:
+        await self.ensure()  # a deleted consumer is recreated with our config (not the client's defaults)
+        sub = await self._js().pull_subscribe(self.config.subject, durable=self.config.durable,
+                                              stream=self.config.stream)
+        self.health.consuming()
+        failures = 0
         try:
             while not stopping.is_set():
                 await free.acquire()
-                if stopping.is_set():
-                    free.release()
-                    break
+                taken = False
                 try:
-                    msgs = await sub.fetch(1, timeout=1.0)
-                except (NatsTimeoutError, asyncio.TimeoutError):
-                    free.release()
-                    continue
-                except Exception as exc:  # connection trouble: back off, the client reconnects
-                    free.release()
-                    if self._connection().is_closed:
-                        log.warning("work-queue-connection-closed")
+                    if stopping.is_set():
                         break
-                    log.warning("fetch-failed", error=f"{type(exc).__name__}: {exc}")
-                    await asyncio.sleep(1.0)
-                    continue
-                for msg in msgs:
                     try:
-                        body = json.loads(msg.data)
-                        contracts.validate("subjects/ctx.turn.run.request.json", body)
-                        delivery = Delivery(body["turnId"], body["conversationId"],
-                                            msg.metadata.num_delivered or 1, msg)
-                    except (ValueError, KeyError, TypeError, InvalidPayload):
-                        log.error("bad-turn-command", data=msg.data[:200])
-                        await msg.term()  # never redeliver garbage
-                        free.release()
+                        msgs = await sub.fetch(1, timeout=1.0)
+                    except (TimeoutError, NatsTimeoutError):
+                        failures = 0
+                        self.health.consuming()
                         continue
-
-                    async def run(d: Delivery = delivery) -> None:
-                        try:
-                            await handle(d)
-                        finally:
-                            free.release()
-
-                    asyncio.create_task(run(), name=f"turn:{delivery.turn_id}")
+                    except Exception as exc:  # connection trouble: back off, the client reconnects
+                        if self._connection().is_closed:
+                            log.warning("work-queue-connection-closed")
+                            self.health.failing("connection closed")
+                            break
+                        self.health.failing(f"fetch: {type(exc).__name__}: {exc}")
+                        log.warning("fetch-failed", error=f"{type(exc).__name__}: {exc}")
+                        failures += 1
+                        if failures >= FETCH_FAILURES_BEFORE_RESUBSCRIBE:  # e.g. the consumer was deleted
+                            raise RuntimeError(f"{failures} fetches failed in a row: resubscribing") from exc
+                        await asyncio.sleep(1.0)
+                        continue
+                    failures = 0
+                    self.health.consuming()
+                    for msg in msgs:
+                        delivery = await self._accept(msg)
+                        if delivery is not None:
+                            taken = True
+                            self._spawn(handle, delivery, free)
+                finally:
+                    if not taken:
+                        free.release()
         finally:
             try:
                 await sub.unsubscribe()
             except Exception:  # already closed on shutdown
                 pass
+
+    async def _accept(self, msg: Msg) -> Delivery | None:
+        """The delivery a message carries, or None once it is parked: undecodable or invalid at once (garbage
+        never gets better), a valid one delivered more than ``max_deliveries`` times (every replica that took it
+        died or could not end it)."""
+        try:
+            deliveries = msg.metadata.num_delivered or 1
+            body = json.loads(msg.data)
+            if (why := unprocessable(body)) is not None:
+                raise InvalidPayload(why)
+            contracts.validate("subjects/ctx.turn.run.request.json", body)
+            delivery = Delivery(body["turnId"], body["conversationId"], deliveries, msg)
+        except Exception as exc:
+            error = exc.message if isinstance(exc, InvalidPayload) else f"{type(exc).__name__}: {exc}"
+            log.error("bad-turn-command", size=len(msg.data or b""), error=error[:300])
+            await self.dead_letters.park(msg, f"invalid-payload: {error}", consumer=self.config.durable)
+            return None
+        if deliveries > self.config.max_deliveries:
+            await self.dead_letters.park(
+                msg, f"max-deliveries: delivered {deliveries} times (bound {self.config.max_deliveries}) without "
+                f"an end; turn {delivery.turn_id}", consumer=self.config.durable)
+            return None
+        return delivery
+
+    def _spawn(self, handle: Callable[[Delivery], Awaitable[None]], delivery: Delivery,
+               free: asyncio.Semaphore) -> None:
+        async def run() -> None:
+            try:
+                await handle(delivery)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                log.exception("turn-handler-crashed", turn_id=delivery.turn_id)
+                await nak(delivery.msg, delay=retry_delay(delivery.attempt))
+            finally:
+                free.release()
+
+        task = asyncio.create_task(run(), name=f"turn:{delivery.turn_id}")
+        self._tasks.add(task)  # the loop holds a reference: an unreferenced task may be collected mid-run
+        task.add_done_callback(self._tasks.discard)
+
+
+def retry_delay(attempt: int) -> float:
+    """How long a handed-back command waits before its next delivery (grows with the deliveries)."""
+    return min(2.0 * 2 ** max(0, attempt - 1), 60.0)
+
+
+async def nak(msg: Msg, delay: float | None = None) -> None:
+    try:
+        await msg.nak(delay=delay)
+    except Exception as exc:  # connection closing: ack_wait hands it over instead
+        log.warning("nak-failed", error=str(exc)[:200])
 
 
 class Heartbeat:
