@@ -82,6 +82,9 @@ ToolCallId = Annotated[str, Path(max_length=ID_MAX_CHARS, pattern=ID_PATTERN, de
 ADMISSIONS_PREFIX = "conversation-turns:"
 # an admitted turn with no event yet after this long was abandoned by a crashed edge: it no longer holds the lock
 ADMISSION_GRACE_S = 60.0
+# an abort of a running turn: the runner holding it ends it at once (wake-up) or at its next write; a turn whose
+# runner is gone is ended by the edge after this long (the same terminal event id: still exactly one)
+ABORT_GRACE_S = 10.0
 
 @dataclass(frozen=True)
 class EdgeLimits:
@@ -305,9 +308,11 @@ class CreateKey(RequestBody):
 
 def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
               check_provider: Callable[[dict[str, Any]], None], max_steps_limit: int,
-              limits: EdgeLimits = EdgeLimits(), auth: Authenticator | None = None) -> APIRouter:
+              limits: EdgeLimits = EdgeLimits(), auth: Authenticator | None = None,
+              abort_grace_s: float = ABORT_GRACE_S) -> APIRouter:
     if auth is None:
         raise ValueError("the API needs an Authenticator")
+    watchdogs: set[asyncio.Task] = set()  # held: an unreferenced task may be collected before it runs
     api = APIRouter(prefix="/v1", route_class=body_limited_route(limits, auth), responses=ERRORS,
                     dependencies=[Depends(caller)])
 
@@ -530,18 +535,56 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
             raise
         return {**accepted(conversation_id, new_turn, cmd["userMessageId"]), "regenerateOf": turn_id}
 
+    def aborted(turn_id: str, reason: str, how: str) -> dict[str, Any]:
+        return terminal_failure(turn_id, {"turnId": turn_id, "code": "aborted", "retryable": False,
+                                          "message": f"the turn was aborted ({how}): {reason}"})
+
+    async def admitted_last(conversation_id: str, turn_id: str) -> bool:
+        """Is ``turn_id`` the conversation's latest admission (the one that holds its turn lock)?"""
+        _, latest = await stream_tail(ADMISSIONS_PREFIX + conversation_id)
+        return latest is not None and latest["data"].get("turnId") == turn_id
+
+    async def end_if_unended(turn_id: str, reason: str) -> None:
+        """The backstop of an abort: after the grace, a turn still without a terminal event (its runner died, or
+        its command was lost) is ended here."""
+        await asyncio.sleep(abort_grace_s)
+        try:
+            _, latest = await stream_tail(f"turn:{turn_id}")
+            if latest is None or latest["type"] not in TERMINAL:
+                await backends.append(f"turn:{turn_id}", [aborted(turn_id, reason, "no runner ended it")])
+                log.warning("abort-ended-by-edge", turn_id=turn_id)
+        except Exception as exc:  # noqa: BLE001 - the redelivered command reads TurnAbortRequested and ends it
+            log.warning("abort-backstop-failed", turn_id=turn_id, error=_safe(exc))
+
     @api.post("/conversations/{conversation_id}/turns/{turn_id}/abort", status_code=202)
     async def abort(conversation_id: ConversationId, turn_id: TurnId, who: Caller,
                     body: Abort | None = None) -> dict[str, Any]:
-        """Durable first (TurnAbortRequested, read by the runner at pick-up and when its next write finds it), then a
-        wake-up for the replica running it."""
-        st, _ = await turn_state(conversation_id, turn_id, who)
+        """Any turn that has not ended can be aborted, and always ends with exactly one terminal event (SPEC
+        §15.4), freeing the conversation's turn lock. Durable first (TurnAbortRequested, read by the runner at
+        pick-up and when its next write finds it), then a wake-up for the replica running it. A turn no runner
+        has started (queued, its command maybe lost) is ended here at once; an admitted turn that was never
+        queued too; a started one is ended here after a grace if no runner did it."""
+        await conversation_settings(conversation_id, who)
+        reason = (body.reason if body else None) or "requested by the client"
+        events = await backends.read_stream_all(f"turn:{turn_id}")
+        st = fold(turn_id, events)
+        if st.command is None or st.command.get("conversationId") != conversation_id:
+            if st.command is None and not st.done and await admitted_last(conversation_id, turn_id):
+                # admitted, never queued (the edge failed in between): holds the lock until it ends
+                await backends.append(f"turn:{turn_id}", [aborted(turn_id, reason, "admitted, never queued")])
+                return {"turnId": turn_id, "status": "aborted"}
+            raise ServiceError(f"turn {turn_id} not found in conversation {conversation_id}", code="not-found")
         if st.done:
             raise ServiceError(f"turn {turn_id} already ended ({st.terminal['type']})", code="conflict")
-        reason = (body.reason if body else None) or "requested by the client"
         await backends.append(f"turn:{turn_id}", [new_event("TurnAbortRequested", {"turnId": turn_id,
                                                                                   "reason": reason})])
+        if not st.started:  # no runner holds it: a runner picking it up now finds the end (or the abort)
+            await backends.append(f"turn:{turn_id}", [aborted(turn_id, reason, "before it started")])
+            return {"turnId": turn_id, "status": "aborted"}
         await backends.rpc.broker.publish({"turnId": turn_id, "reason": reason}, ABORT_SUBJECT)
+        task = asyncio.create_task(end_if_unended(turn_id, reason), name=f"abort:{turn_id}")
+        watchdogs.add(task)
+        task.add_done_callback(watchdogs.discard)
         return {"turnId": turn_id, "status": "abort-requested"}
 
     @api.get("/conversations/{conversation_id}/turns/{turn_id}/events")

@@ -29,6 +29,8 @@ from typing import Any
 
 import structlog
 from ctxbuild_blobclient import content_ref
+from ctxbuild_codec.budgets import input_room
+from ctxbuild_codec.envelopes import render_part
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
@@ -36,13 +38,15 @@ from ctxbuild_platform.text import storable
 from ctxbuild_providers import ModelRequest, Provider, ProviderError, ReplayProvider, ToolSpec
 from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
 from .adapters import content
-from .adapters.backends import Backends
+from .adapters.backends import Backends, patiently, transient
 from .domain.arguments import argument_error, invalid_arguments_output
 from .domain.steps import tool_result
 from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
+from .domain.window_fit import fit_window
 
 log = structlog.get_logger("runner")
 SYSTEM_PROMPT = (
@@ -50,6 +54,7 @@ SYSTEM_PROMPT = (
     "<persisted-output> block; read the full text with fs_read when you need it."
 )
 COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
+TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
 MAX_ATTEMPTS = 5
@@ -66,6 +71,14 @@ class TurnTakenOver(Exception):
 
 class TurnAborted(Exception):
     pass
+
+
+class TurnEnded(Exception):
+    """The turn already has its terminal event (written by the edge's abort or another replica)."""
+
+
+class TerminalNotStored(Exception):
+    """The terminal event could not be stored within the patience: the command must not be acknowledged."""
 
 
 class TurnStream:
@@ -93,6 +106,8 @@ class TurnStream:
         missed). Anything else means another replica runs the turn now."""
         page = await self.backends.read_stream(self.stream, self.version + 1)
         foreign = page["events"]
+        if any(e["type"] in ("TurnCompleted", "TurnFailed") for e in foreign):
+            return TurnEnded(f"{self.stream} ended meanwhile")
         if foreign and all(e["type"] == "TurnAbortRequested" for e in foreign):
             return TurnAborted(foreign[-1]["data"].get("reason") or "requested")
         return TurnTakenOver(f"{self.stream} moved past version {self.version}: "
@@ -111,7 +126,7 @@ def progress(phase: str, turn_id: str, d: dict[str, Any], step: int | None = Non
             "reason": d.get("reason"), "preTokens": d.get("estimatedTokens"), "postTokens": d.get("postTokens"),
             "trigger": d.get("trigger"), "foldedCount": d.get("foldedCount")}
     for key in ("startedAt", "completedAt", "durationMs", "summarizer", "fallback", "boundaryId", "consumedCount",
-                "summarizerCalls", "summarizerInputTokens", "foldInput"):
+                "summarizerCalls", "summarizerInputTokens", "foldInput", "room"):
         if d.get(key) is not None:
             data[key] = d[key]
     if step is not None:
@@ -143,12 +158,17 @@ ProviderFactory = Callable[[dict[str, Any], str, str], Awaitable[Provider]]
 
 class TurnRunner:
     def __init__(self, backends: Backends, make_provider: ProviderFactory, *, default_max_steps: int = 20,
-                 keep_requests: bool = True, web_tools: Any = None) -> None:
+                 keep_requests: bool = True, web_tools: Any = None,
+                 terminal_patience_s: float = TERMINAL_PATIENCE_S, compaction_timeout_s: float = COMPACTION_TIMEOUT_S,
+                 keep_request_patience_s: float = 20.0) -> None:
         self.backends = backends
         self.make_provider = make_provider
         self.default_max_steps = default_max_steps
         self.keep_requests = keep_requests
         self.web_tools = web_tools
+        self.terminal_patience_s = terminal_patience_s
+        self.compaction_timeout_s = compaction_timeout_s
+        self.keep_request_patience_s = keep_request_patience_s
 
     # ------------------------------------------------------------------ entry
     async def load(self, turn_id: str) -> TurnState:
@@ -156,8 +176,18 @@ class TurnRunner:
 
     async def run(self, turn_id: str, attempt: int = 1) -> str:
         """Run or resume a turn. Returns how this attempt ended: ``completed``, ``failed``, ``already-done``,
-        ``unknown`` (no TurnQueued: nothing to run) or ``taken-over`` (another replica writes the turn now).
-        Cancellation propagates (drain: the command is handed back, another replica resumes)."""
+        ``unknown`` (no TurnQueued: nothing to run), ``taken-over`` (another replica writes the turn now) or
+        ``unended`` (its terminal event could not be stored: the command goes back, the turn resumes or ends on
+        the next delivery). Cancellation propagates (drain: the command is handed back, another replica resumes)."""
+        try:
+            return await self._run_attempt(turn_id, attempt)
+        except TurnEnded:
+            return "already-done"
+        except TerminalNotStored as exc:
+            log.error("turn-end-not-stored", turn_id=turn_id, error=str(exc)[:300])
+            return "unended"
+
+    async def _run_attempt(self, turn_id: str, attempt: int) -> str:
         st = await self.load(turn_id)
         if st.done:
             return "already-done"
@@ -177,7 +207,7 @@ class TurnRunner:
                     if st.abort:
                         raise TurnAborted(st.abort.get("reason") or "aborted before it started")
                     if attempt > MAX_ATTEMPTS:
-                        await self._fail(ts, "runner-crashed", f"the turn was picked up {attempt} times and never "
+                        await self._end_failed(st, ts, "runner-crashed", f"the turn was picked up {attempt} times and never "
                                          "finished; it is failed so it cannot crash another replica", retryable=True)
                         return "failed"
                     if not st.started:
@@ -192,42 +222,78 @@ class TurnRunner:
                 except TurnTakenOver as exc:
                     log.warning("turn-taken-over", turn_id=turn_id, error=str(exc))
                     return "taken-over"
+                except (TurnEnded, TerminalNotStored):
+                    raise
                 except TurnAborted as exc:
-                    await self._fail(ts, "aborted", f"the turn was aborted: {exc}")
+                    await self._end_failed(st, ts, "aborted", f"the turn was aborted: {exc}")
                     return "failed"
                 except (RemoteError, ProviderError) as exc:
                     code = getattr(exc, "code", "provider-error")
                     log.warning("turn-failed", turn_id=turn_id, code=code, error=str(exc))
-                    await self._fail(ts, code, str(exc), retryable=getattr(exc, "retryable", None))
+                    if isinstance(exc, RemoteError) and transient(exc) and exc.subject.startswith("ctx.persist."):
+                        # persistence stayed away past the patience: hand the command back, resume later
+                        raise TerminalNotStored(str(exc)) from exc
+                    await self._end_failed(st, ts, code, str(exc), retryable=getattr(exc, "retryable", None))
                     return "failed"
                 except ServiceError as exc:
-                    await self._fail(ts, exc.code, str(exc), retryable=exc.retryable)
+                    await self._end_failed(st, ts, exc.code, str(exc), retryable=exc.retryable)
                     return "failed"
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     log.exception("turn-crashed", turn_id=turn_id)
-                    await self._fail(ts, "internal", f"{type(exc).__name__}: {exc}")
+                    await self._end_failed(st, ts, "internal", f"{type(exc).__name__}: {exc}")
                     return "failed"
         finally:
             otel_context.detach(token)
 
     async def abort_now(self, turn_id: str, reason: str) -> None:
-        """Record the abort of a turn no runner holds (queued, or its runner died): the terminal event."""
+        """Record the abort of a turn this runner was running (its task was cancelled): finished steps kept, then
+        the terminal event."""
         st = await self.load(turn_id)
         if not st.done:
-            await self._fail(TurnStream(self.backends, turn_id, st.version), "aborted", f"the turn was aborted: {reason}")
+            await self._end_failed(st, TurnStream(self.backends, turn_id, st.version), "aborted",
+                                   f"the turn was aborted: {reason}")
+
+    async def _end_failed(self, st: TurnState, ts: TurnStream, code: str, message: str,
+                          retryable: bool | None = None) -> None:
+        """A failed turn keeps its work (SPEC §15.4): the finished steps' messages join the conversation (the
+        persist lane, idempotent by the turn's persist event id), then the terminal TurnFailed."""
+        cmd = st.command or {}
+        finished = st.finished_messages(cmd["userMessageId"]) if cmd.get("userMessageId") else []
+        if finished:
+            try:
+                await content.resolve_steps(self.backends.blobs, st)
+                finished = st.finished_messages(cmd["userMessageId"])
+                await self.backends.complete_turn(cmd["conversationId"], st.turn_id, finished,
+                                                  (cmd.get("settings") or {}).get("truncateThreshold"),
+                                                  event_id=event_id(st.turn_id, "persist"))
+                await self._release_provisional(st.turn_id)
+                log.info("finished-steps-kept", turn_id=st.turn_id, messages=len(finished), code=code)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("finished-steps-not-kept", turn_id=st.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        await self._fail(ts, code, message, retryable)
 
     async def _fail(self, ts: TurnStream, code: str, message: str, retryable: bool | None = None) -> None:
         data = {"turnId": ts.turn_id, "code": code, "message": message[:2000]}
         if retryable is not None:
             data["retryable"] = retryable
+        # same event id as TurnCompleted: a turn has exactly one terminal event whoever writes first
+        await self._terminal(ts, {"eventId": event_id(ts.turn_id, "terminal"), "type": "TurnFailed", "data": data})
+
+    async def _terminal(self, ts: TurnStream, event: dict[str, Any]) -> None:
+        """Store the terminal event, retrying while persistence is away (SPEC §15.4: a turn always ends). Another
+        terminal event already stored under the same id (``event-id-conflict``) is the turn's end too. Still not
+        stored after the patience → :class:`TerminalNotStored` (the command is not acknowledged)."""
         try:
-            # same event id as TurnCompleted: a turn has exactly one terminal event whoever writes first
-            await self.backends.append(ts.stream, [{"eventId": event_id(ts.turn_id, "terminal"),
-                                                    "type": "TurnFailed", "data": data}])
-        except RemoteError:
-            log.error("turn-failed-not-recorded", turn_id=ts.turn_id, code=code)
+            await self.backends.append(ts.stream, [event], patience_s=self.terminal_patience_s)
+        except RemoteError as exc:
+            if exc.code == "event-id-conflict":
+                log.info("turn-already-ended", turn_id=ts.turn_id)
+                return
+            raise TerminalNotStored(f"{event['type']} of {ts.turn_id}: {exc}") from exc
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, st: TurnState, ts: TurnStream) -> None:
@@ -241,16 +307,29 @@ class TurnRunner:
                       **{k: cs[k] for k in SUMMARIZER_SETTINGS if cs.get(k) is not None},
                       "provider": getattr(provider, "name", None), "model": getattr(provider, "model", None)}
         with span("compaction.turn_start"):
-            start = await self.backends.rpc.call("ctx.compact.turn_start", {
-                "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
-                "settings": {**compaction, "maxMessages": cs.get("maxMessages")}}, timeout=COMPACTION_TIMEOUT_S)
-        if not st.turn_start_recorded:
-            await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
+            try:
+                start = await self.backends.rpc.call("ctx.compact.turn_start", {
+                    "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
+                    "settings": {**compaction, "maxMessages": cs.get("maxMessages")}},
+                    timeout=self.compaction_timeout_s)
+            except RemoteError as exc:
+                if not transient(exc):
+                    raise
+                # compaction away: the window's history straight from persistence, fitted in-process below
+                log.warning("turn-start-compaction-unavailable", turn_id=turn_id, error=str(exc)[:300])
+                start = await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
         served: list[dict[str, Any]] = start["messages"]
         box = await self._toolbox(provider, cs, start["retained"], turn_id)
         system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "")
         trunc_settings = {"truncateThreshold": cs.get("truncateThreshold"), **window}
         fixed = fixed_tokens(system, box.specs)
+        room = input_room(cs.get("contextWindow"), cs.get("reservation"))
+        if start["decision"].get("fallback") == "in-process" and room is not None:
+            fit = fit_window(served, max(room - fixed, 0), user_message_id)
+            served = fit.messages
+            start["decision"].update(fallback=fit.stages, postTokens=fit.tokens, room=max(room - fixed, 0))
+        if not st.turn_start_recorded:
+            await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
         checkpoint = st.checkpoint
         model_name = getattr(provider, "model", None) or getattr(provider, "name", "model")
 
@@ -266,7 +345,8 @@ class TurnRunner:
                 turn_messages = st.messages(user_message_id)
                 with span("compaction.in_loop", **{"ctx.step": step}):
                     messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
-                                                               checkpoint, start["retained"], fixed, compaction, ts)
+                                                               checkpoint, start["retained"], fixed, compaction, ts,
+                                                               room, user_message_id)
                 request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
                 body = request.render()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
@@ -287,7 +367,9 @@ class TurnRunner:
                     "assistantMessage": a_msg}
                 if stored is not None:
                     ref = await stored
-                    if ref:
+                    if "missing" in ref:
+                        served_ev["requestMissing"] = ref["missing"]
+                    else:
                         served_ev["request"] = ref
                 served_ev["assistantMessage"] = await content.small_message(self.backends.blobs, a_msg,
                                                                             conversation_id, turn_id)
@@ -322,21 +404,27 @@ class TurnRunner:
                 await self.backends.rpc.broker.publish(
                     {"turnId": turn_id, "step": step, "seq": seq, "text": text}, f"{DELTA_SUBJECT}.{turn_id}")
                 seq += 1
-            except Exception as exc:  # noqa: BLE001 — streaming is a courtesy, the turn must go on
+            except Exception as exc:
                 log.debug("delta-not-sent", turn_id=turn_id, error=str(exc))
 
         return on_text
 
-    async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any] | None:
+    async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any]:
         """The served request, byte for byte, as a blob of the turn (its sha256 is the StepServed requestHash):
-        what the model saw stays inspectable. Best effort: a failed write never fails the step."""
+        what the model saw stays inspectable. Retried with backoff for ``keep_request_patience_s`` (the blob
+        store or S3 away for a moment: the write runs beside the model call, so a short outage costs nothing);
+        still failing → ``{"missing": reason}``, recorded in StepServed as ``requestMissing``. A failed write
+        never fails the step."""
         try:
-            r = await self.backends.blobs.put(body, conversation_id, ("turn", turn_id), "tool_output",
-                                              media_type="application/json")
+            async for attempt in AsyncRetrying(stop=stop_after_delay(self.keep_request_patience_s),
+                                               wait=wait_exponential_jitter(initial=0.25, max=4.0), reraise=True):
+                with attempt:
+                    r = await self.backends.blobs.put(body, conversation_id, ("turn", turn_id), "tool_output",
+                                                      media_type="application/json")
             return {"sha256": r["sha256"], "size": r["size"]}
-        except Exception as exc:  # noqa: BLE001 — observability must not fail the turn
-            log.warning("served-request-not-kept", turn_id=turn_id, error=str(exc))
-            return None
+        except Exception as exc:
+            log.warning("served-request-not-kept", turn_id=turn_id, error=str(exc)[:300])
+            return {"missing": f"{type(exc).__name__}: {exc}"[:500]}
 
     async def _finish(self, st: TurnState, ts: TurnStream, steps: int, conversation_id: str,
                       cs: dict[str, Any]) -> None:
@@ -348,9 +436,9 @@ class TurnRunner:
         text = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
             if messages else ""
         answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
-        await self.backends.append(ts.stream, [{"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
-                                                "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
-                                                         "messageIds": [m["id"] for m in messages]}}])
+        await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                                  "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
+                                           "messageIds": [m["id"] for m in messages]}})
 
     async def _release_provisional(self, turn_id: str) -> None:
         """After the persist lane: its in-flight blobs are promoted to the messages, and the fold checkpoints
@@ -486,9 +574,39 @@ class TurnRunner:
             return box.spec(name)
         return None
 
+    async def _turn_start_fallback(self, conversation_id: str, user_message_id: str, cs: dict[str, Any],
+                                   why: str) -> dict[str, Any]:
+        """What ctx.compact.turn_start would serve, without compaction: the turn-start window of the history
+        (persistence ends the walk at the deepest boundary or clear-context marker), stored envelopes rendered
+        as served; the caller fits it to the window (domain/window_fit.py)."""
+        req: dict[str, Any] = {"conversationId": conversation_id, "anchorId": user_message_id, "window": "turn-start"}
+        if cs.get("maxMessages"):
+            req["maxMessages"] = cs["maxMessages"]
+        messages: list[dict[str, Any]] = []
+        uris: list[str] = []
+        attachments: list[dict[str, Any]] = []
+        while True:
+            page = await patiently(lambda: self.backends.rpc.call("ctx.persist.history", req),
+                                   within_s=self.backends.patience_s, what="history (turn-start fallback)")
+            messages = page["messages"] + messages
+            uris = [*page.get("persistedUris", []), *(u for u in uris if u not in page.get("persistedUris", []))]
+            attachments = attachments or page.get("attachments", [])
+            if not page.get("more") or not page.get("nextAnchorId"):
+                break
+            req["anchorId"] = page["nextAnchorId"]
+        served = [{k: v for k, v in m.items() if k in ("id", "parentId", "role", "parts", "turnId")}
+                  | {"parts": [render_part(p) if p.get("type") == "tool-result" else p for p in m.get("parts", [])]}
+                  for m in messages]
+        retained = {"fileAttachments": [{k: a[k] for k in ("sha256", "handle", "displayName")} for a in attachments],
+                    "persistedUris": uris}
+        decision = {"status": "skipped", "phase": "turn-start", "reason": f"compaction-unavailable: {why}"[:500],
+                    "estimatedTokens": count_messages(served), "fallback": "in-process"}
+        return {"messages": served, "retained": retained, "decision": decision}
+
     async def _in_loop(self, conversation_id: str, turn_id: str, step: int, full: list[dict[str, Any]],
                        checkpoint: dict[str, Any] | None, retained: dict[str, Any], fixed: int,
-                       settings: dict[str, Any], ts: TurnStream) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+                       settings: dict[str, Any], ts: TurnStream, room: int | None = None,
+                       task_id: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """What step ``step`` serves: ctx.compact.in_loop on the turn's candidate (only the messages the
         checkpoint has not consumed travel; a large compacted prefix travels by reference, compaction resolves it).
         A new checkpoint is made durable here — the runner is the turn stream's only writer — as
@@ -498,13 +616,26 @@ class TurnRunner:
             reply = await self.backends.rpc.call("ctx.compact.in_loop", {
                 "conversationId": conversation_id, "turnId": turn_id, "step": step, "offset": offset,
                 "messages": full[offset:], "checkpoint": checkpoint, "retained": retained, "fixedTokens": fixed,
-                "settings": settings}, timeout=COMPACTION_TIMEOUT_S)
+                "settings": settings}, timeout=self.compaction_timeout_s)
         except RemoteError as exc:
-            # compaction unavailable: serve the candidate as the last checkpoint has it (nothing is lost)
-            log.warning("in-loop-compaction-unavailable", turn_id=turn_id, step=step, error=str(exc))
+            # compaction unavailable: the candidate as the last checkpoint has it, fitted to the window in-process
+            # (masking, excerpts, oldest groups dropped) — never a request the provider would refuse. The
+            # checkpoint is unchanged: the next step asks compaction again.
+            log.warning("in-loop-compaction-unavailable", turn_id=turn_id, step=step, error=str(exc)[:300])
             prefix = await content_ref.resolve(self.backends.blobs, checkpoint["compactedPrefix"],
                                                conversation_id) if checkpoint else []
-            return [*prefix, *full[offset:]], checkpoint
+            candidate = [*prefix, *full[offset:]]
+            if room is None:
+                return candidate, checkpoint
+            fit = fit_window(candidate, max(room - fixed, 0), task_id)
+            if fit.tokens != fit.before or fit.tokens > room - fixed:
+                log.warning("in-process-fallback", turn_id=turn_id, step=step, before=fit.before, after=fit.tokens,
+                            room=room - fixed, stages=fit.stages)
+            await ts.emit("CompactionDecided", progress("in-loop", turn_id, {
+                "status": "skipped", "reason": f"compaction-unavailable: {exc.code}", "estimatedTokens": fit.before,
+                "postTokens": fit.tokens, "fallback": fit.stages, "room": max(room - fixed, 0)}, step),
+                "in-loop", step)
+            return fit.messages, checkpoint
         new = reply["checkpoint"]
         if reply["checkpointChanged"]:
             new = await content.small_checkpoint(self.backends.blobs, new, conversation_id, turn_id)

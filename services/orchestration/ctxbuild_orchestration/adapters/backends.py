@@ -3,11 +3,44 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import structlog
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_blobclient.chunks import Content
+from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+log = structlog.get_logger("backends")
+T = TypeVar("T")
+NOT_TRANSIENT = {"version-conflict", "event-id-conflict", "invalid-payload", "not-found"}
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure that may pass by itself (the service or its database is away for a while): timeouts, no
+    responders, an unavailable dependency. Conflicts and refusals are answers, not outages."""
+    return isinstance(exc, RemoteError) and bool(exc.retryable) and exc.code not in NOT_TRANSIENT
+
+
+async def patiently(call: Callable[[], Awaitable[T]], *, within_s: float, what: str) -> T:
+    """``call`` retried with jittered exponential backoff (0.25 s → 5 s) while it fails transiently, for at most
+    ``within_s``; then the last failure. Only for idempotent calls (appends by event id, reads)."""
+    if within_s <= 0:
+        return await call()
+
+    def waiting(state: Any) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("retrying", what=what, attempt=state.attempt_number, error=str(exc)[:200],
+                    retry_in_s=round(state.next_action.sleep, 2) if state.next_action else None)
+
+    async for attempt in AsyncRetrying(retry=retry_if_exception(transient), stop=stop_after_delay(within_s),
+                                       wait=wait_exponential_jitter(initial=0.25, max=5.0), reraise=True,
+                                       before_sleep=waiting):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")  # AsyncRetrying either returns, or reraises the last failure
 
 
 def new_event(type_: str, data: dict[str, Any], **metadata: Any) -> dict[str, Any]:
@@ -18,21 +51,32 @@ def new_event(type_: str, data: dict[str, Any], **metadata: Any) -> dict[str, An
 
 
 class Backends:
-    def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0) -> None:
+    """``patience_s``: how long persistence calls (appends by event id, reads, the persist lane) are retried while
+    persistence or Postgres is away — the runner waits (a turn must reach its terminal event), the edge (0) answers
+    503 at once."""
+
+    def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0, *, patience_s: float = 0.0,
+                 truncate_attempt_s: float = 30.0, truncate_attempts: int = 3) -> None:
         self.rpc = rpc
         self.blobs = BlobClient(rpc)  # claim check: attachments of any size, bounded memory
         self.tool_timeout_s = tool_timeout_s
+        self.patience_s = patience_s
+        self.truncate_attempt_s = truncate_attempt_s
+        self.truncate_attempts = truncate_attempts
 
     # persistence
-    async def append(self, stream: str, events: list[dict[str, Any]], expected: int | None = None) -> dict:
-        return await self.rpc.call("ctx.persist.append",
-                                   {"streamId": stream, "expectedVersion": expected, "events": events})
+    async def append(self, stream: str, events: list[dict[str, Any]], expected: int | None = None,
+                     patience_s: float | None = None) -> dict:
+        req = {"streamId": stream, "expectedVersion": expected, "events": events}
+        return await patiently(lambda: self.rpc.call("ctx.persist.append", req),
+                               within_s=self.patience_s if patience_s is None else patience_s, what=f"append {stream}")
 
     async def read_stream(self, stream: str, from_version: int = 1, limit: int | None = None) -> dict:
         req: dict[str, Any] = {"streamId": stream, "fromVersion": from_version}
         if limit:
             req["limit"] = limit
-        return await self.rpc.call("ctx.persist.read_stream", req)
+        return await patiently(lambda: self.rpc.call("ctx.persist.read_stream", req), within_s=self.patience_s,
+                               what=f"read {stream}")
 
     async def read_stream_all(self, stream: str, from_version: int = 1) -> list[dict[str, Any]]:
         """Every event of a stream from a version, following ``ctx.persist.read_stream``'s byte-bounded pages."""
@@ -49,9 +93,10 @@ class Backends:
                             truncate_threshold: int | None, event_id: str | None = None) -> dict:
         """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.
         Idempotent by ``event_id`` (a resumed turn passes the same one)."""
-        return await self.rpc.call("ctx.persist.complete_turn", {
-            "conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
-            "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}, timeout=120)
+        req = {"conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
+               "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}
+        return await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=120),
+                               within_s=self.patience_s, what=f"complete_turn {turn_id}")
 
     async def history(self, conversation_id: str) -> dict:
         """The newest page of the path (its last message is the anchor a new message hangs under)."""
@@ -95,7 +140,20 @@ class Backends:
                                "parts": parts}
         if claims:
             req["claims"] = claims
-        return await self.rpc.call("ctx.truncate.step", req, timeout=120)
+        # idempotent (a pure function of its input; offloads are content-addressed): a short timeout per attempt
+        # and another attempt — on another replica of the queue group, most likely — instead of one 120 s wait on
+        # a replica that died with the request. The timeout grows with the bytes to trim.
+        size = sum(len(str((p.get("output") or {}).get("value", ""))) for p in parts) + sum(
+            int(c.get("size", 0)) for c in claims or [])
+        timeout = self.truncate_attempt_s + size / (4 * 1024 * 1024)  # +1 s per 4 MiB
+        for attempt in range(1, self.truncate_attempts + 1):
+            try:
+                return await self.rpc.call("ctx.truncate.step", req, timeout=timeout)
+            except RemoteError as exc:
+                if exc.code not in ("timeout", "unavailable") or attempt == self.truncate_attempts:
+                    raise
+                log.warning("truncation-retry", turn_id=turn_id, attempt=attempt, error=str(exc)[:200])
+        raise AssertionError("unreachable")
 
     # blob store
     async def attach(self, conversation_id: str, display_name: str, content: Content, media_type: str) -> dict:

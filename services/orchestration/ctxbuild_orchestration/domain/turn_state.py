@@ -84,6 +84,19 @@ class TurnState:
                             "role": "tool", "parts": rec.tool_parts(), "turnId": self.turn_id})
         return out
 
+    def finished_messages(self, user_message_id: str) -> list[dict[str, Any]]:
+        """The messages of the steps that finished (every call answered), up to the first unfinished one: what a
+        failed turn keeps in the conversation (SPEC §15.4) — never an assistant message whose tool calls have no
+        results (a provider would refuse the history)."""
+        out: list[dict[str, Any]] = []
+        for m in self.messages(user_message_id):
+            if m["role"] == "assistant" and any(p.get("type") == "tool-call" for p in m["parts"]):
+                step = next(k for k, r in self.steps.items() if r.assistant["id"] == m["id"])
+                if not self.steps[step].complete:
+                    break
+            out.append(m)
+        return out
+
 
 def fold(turn_id: str, events: list[dict[str, Any]]) -> TurnState:
     """Events of ``turn:<turn_id>`` in version order → the state a runner resumes from."""
