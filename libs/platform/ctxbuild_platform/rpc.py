@@ -27,16 +27,61 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from . import claims, contracts
 from .claims import decode
-from .errors import PayloadTooLarge, RemoteError, ServiceError
+from .errors import InvalidPayload, PayloadTooLarge, RemoteError, ServiceError
+from .text import LONE_SURROGATE
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 log = structlog.get_logger("rpc")
 
 
+MAX_DEPTH = 200  # deeper JSON is refused before anything recurses over it (no contract nests this deep)
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # every integer a service stores or compares fits a Postgres bigint
+
+
+def unprocessable(value: Any) -> str | None:
+    """Why a decoded request cannot be processed by any handler, or None: nesting deeper than ``MAX_DEPTH``, a
+    lone surrogate in a string or key (no UTF-8 encoding: Postgres, S3 and every text column refuse it), an
+    integer outside the signed 64-bit range. Iterative, so a hostile depth cannot exhaust the stack."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "$")]
+    while stack:
+        v, depth, where = stack.pop()
+        if isinstance(v, str):
+            if (m := LONE_SURROGATE.search(v)) is not None:
+                return f"{where} holds a lone surrogate (U+{ord(m.group()):04X}) at index {m.start()}"
+        elif isinstance(v, bool) or v is None or isinstance(v, float):
+            continue
+        elif isinstance(v, int):
+            if not INT_MIN <= v <= INT_MAX:
+                return f"{where} is an integer outside the signed 64-bit range"
+        elif isinstance(v, (dict, list)):
+            if depth >= MAX_DEPTH:
+                return f"{where} nests deeper than {MAX_DEPTH} levels"
+            if isinstance(v, dict):
+                for k, item in v.items():
+                    if LONE_SURROGATE.search(k) is not None:
+                        return f"a key of {where} holds a lone surrogate"
+                    stack.append((item, depth + 1, f"{where}.{k}"[:200]))
+            else:
+                stack.extend((item, depth + 1, f"{where}[{i}]"[:200]) for i, item in enumerate(v))
+    return None
+
+
+def decode_request(raw: bytes) -> Any:
+    """The request's JSON, or ``invalid-payload`` — never a crash on hostile input (deep nesting overflows the
+    JSON decoder's recursion)."""
+    try:
+        payload = decode(raw)
+    except RecursionError as exc:
+        raise InvalidPayload("payload nests too deeply to decode") from exc
+    if (why := unprocessable(payload)) is not None:
+        raise InvalidPayload(f"payload refused: {why}")
+    return payload
+
+
 async def dispatch(subject: str, raw: bytes, fn: Handler) -> dict[str, Any]:
     """Validate, run, validate, wrap. Pure apart from the handler: unit-testable without a broker."""
     try:
-        payload = decode(raw)
+        payload = decode_request(raw)
         contracts.validate(contracts.subject_contract(subject, "request"), payload)
         result = await fn(payload)
         contracts.validate(contracts.subject_contract(subject, "reply"), result)

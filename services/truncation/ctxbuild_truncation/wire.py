@@ -12,14 +12,13 @@ import json
 from typing import Any
 
 import orjson
-from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_platform.rpc import decode_request
 
 
 def parse(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidPayload(f"payload is not JSON: {exc}") from exc
+    """The request's JSON; hostile input (deep nesting, lone surrogates, integers past 64 bits) is
+    ``invalid-payload`` like on every @rpc subject, never a crash reply."""
+    return decode_request(raw)
 
 
 def encode(value: Any) -> bytes:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from ctxbuild_platform.errors import Conflict, DependencyUnavailable
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
 
 from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
 from .db import Database
@@ -49,6 +49,9 @@ async def db_errors() -> AsyncIterator[None]:
         raise Conflict(f"concurrent append: {exc.constraint_name or exc}", retryable=True) from exc
     except _CONNECTION_ERRORS as exc:
         raise DependencyUnavailable(f"postgres: {type(exc).__name__}: {exc}"[:300]) from exc
+    except (asyncpg.DataError, OverflowError) as exc:
+        # a value the database cannot take (an integer out of a column's range, …): the caller's input, typed
+        raise InvalidPayload(f"a value is out of range for the database: {exc}"[:300]) from exc
 
 
 def _iso(ts: datetime) -> str:
