@@ -1,0 +1,315 @@
+"""Faults (SPEC §15.4, issue #16) on the real stack, with real service processes: a poison turn command is parked
+on the dead-letter stream and the next turn runs; readiness follows the turn consumer; a turn whose persistence
+goes away mid-turn still ends with exactly one terminal event once it is back; abort ends turns no runner holds
+(queued, admitted and never queued) and frees the conversation; malformed request/reply payloads are typed
+``invalid-payload``; with compaction down every served request stays within the window; a failed turn's finished
+steps are in the conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+
+import httpx
+import nats
+import pytest
+from ctxbuild_devstack.replica import Replica
+from ctxbuild_devstack.stack import free_port
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from tests.e2e.test_durable_turns import SlowPages, fetch_script
+from tests.support.auth import AUTH
+
+pytestmark = pytest.mark.e2e
+
+STREAM, SUBJECT, CONSUMER = "CTX_TURNS_FAULTS", "ctx.turn.run_faults_test", "faults-runner"
+QUEUE_ENV = {"CTX_TURNS_STREAM": STREAM, "CTX_TURNS_SUBJECT": SUBJECT, "CTX_TURNS_CONSUMER": CONSUMER,
+             "CTX_TURN_ACK_WAIT_S": "5"}
+DLQ = "CTX_DEAD_LETTERS"
+
+
+@pytest.fixture(scope="module")
+def pages():
+    server = SlowPages(free_port(), delay_s=0.4).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(stack, all_services):
+    e = Replica(stack, "orchestration", "faults-edge", CTX_ROLE="edge", CTX_ABORT_GRACE_S="2",
+                **QUEUE_ENV).wait_ready()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def runner(stack, edge):
+    r = Replica(stack, "orchestration", "faults-runner", CTX_ROLE="runner", CTX_ALLOW_PRIVATE_NETWORKS="true",
+                **QUEUE_ENV).wait_ready()
+    yield r
+    r.stop()
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def get(url: str, **kw) -> httpx.Response | None:
+    """None while the edge cannot answer (a dependency is being restarted by the test)."""
+    try:
+        r = httpx.get(url, headers=AUTH, timeout=30, **kw)
+    except httpx.HTTPError:
+        return None
+    return r if r.status_code == 200 else None
+
+
+def events_of(base: str, cid: str, tid: str) -> list[dict] | None:
+    r = get(f"{base}/v1/conversations/{cid}/turns/{tid}")
+    return r.json()["events"] if r is not None else None
+
+
+def terminal(evs: list[dict] | None) -> list[dict]:
+    return [e for e in evs or [] if e["type"] in ("TurnCompleted", "TurnFailed")]
+
+
+def wait_for(base: str, cid: str, tid: str, pred, timeout: float = 180) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        evs = events_of(base, cid, tid)
+        if evs is not None and pred(evs):
+            return evs
+        time.sleep(0.2)
+    raise AssertionError(f"condition not reached; events: {[e['type'] for e in events_of(base, cid, tid) or []]}")
+
+
+def conversation(base: str, title: str, **settings) -> str:
+    r = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"title": title, "settings": settings}, timeout=30)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def start_turn(base: str, cid: str, text: str, script: list[dict], max_steps: int | None = None) -> str:
+    body = {"text": text, "provider": {"kind": "replay", "script": script}}
+    if max_steps:
+        body["maxSteps"] = max_steps
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, json=body, timeout=30)
+    assert r.status_code == 202, r.text
+    return r.json()["turnId"]
+
+
+def messages(base: str, cid: str) -> list[dict]:
+    r = get(f"{base}/v1/conversations/{cid}/messages")
+    assert r is not None
+    return r.json()["messages"]
+
+
+def until(probe, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (value := probe()) is not None and value is not False:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not reached")
+
+
+def readyz(replica: Replica) -> tuple[int, dict]:
+    r = httpx.get(f"{replica.url}/readyz", timeout=10)
+    return r.status_code, r.json()
+
+
+async def dead_letters_for(nc, subject: str) -> list:
+    """Every parked message of ``subject`` so far (an ephemeral ordered read of the dead-letter stream)."""
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(f"ctx.dlq.{subject}", stream=DLQ, config=ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL, inactive_threshold=30))
+    out = []
+    try:
+        while True:
+            try:
+                out += await sub.fetch(100, timeout=1)
+            except (TimeoutError, nats.errors.TimeoutError):
+                return out
+    finally:
+        await sub.unsubscribe()
+
+
+# ----------------------------------------------------------------------------------------------- poison + readiness
+async def test_a_poison_command_is_parked_and_the_next_turn_runs(stack, edge, runner):
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        js = nc.jetstream()
+        deep = b"[" * 50_000 + b"]" * 50_000  # a RecursionError in json.loads: it once ended the pull loop
+        surrogate = b'{"turnId":"turn_x","conversationId":"\\ud800"}'
+        await js.publish(SUBJECT, deep, headers={"Nats-Msg-Id": f"poison-{uuid.uuid4()}"})
+        await js.publish(SUBJECT, surrogate, headers={"Nats-Msg-Id": f"poison-{uuid.uuid4()}"})
+        parked = await until_async(lambda: dead_letters_for(nc, SUBJECT), lambda ms: len(ms) >= 2)
+    finally:
+        await nc.close()
+    by_body = {m.data: m for m in parked}
+    assert deep in by_body and surrogate in by_body  # the original payload, byte for byte
+    h = by_body[deep].headers
+    assert h["Ctx-Dlq-Subject"] == SUBJECT and h["Ctx-Dlq-Stream"] == STREAM and h["Ctx-Dlq-Consumer"] == CONSUMER
+    assert h["Ctx-Dlq-Reason"].startswith("invalid-payload") and "RecursionError" in h["Ctx-Dlq-Reason"]
+    assert h["Ctx-Dlq-Deliveries"] == "1" and h["Ctx-Dlq-Size"] == str(len(deep))
+    assert by_body[surrogate].headers["Ctx-Dlq-Reason"].startswith("invalid-payload")
+
+    # the loop survived: ready, consuming, and the next turn runs to its end
+    status, body = readyz(runner)
+    assert status == 200 and body["consumers"][0]["state"] == "consuming", body
+    cid = conversation(edge.url, "after poison")
+    tid = start_turn(edge.url, cid, "hello", [{"text": "still here"}])
+    end = terminal(wait_for(edge.url, cid, tid, terminal))
+    assert [e["type"] for e in end] == ["TurnCompleted"]
+
+
+async def until_async(fetch, pred, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await fetch()
+        if pred(value):
+            return value
+        await asyncio.sleep(0.3)
+    raise AssertionError("condition not reached")
+
+
+async def test_readiness_reflects_a_consumer_that_is_not_consuming(stack, edge, runner):
+    """The durable consumer deleted under the runner: its fetches fail, /readyz says so (503, naming the
+    consumer); the loop recreates it and readiness comes back, and turns run again."""
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        await nc.jetstream().delete_consumer(STREAM, CONSUMER)
+    finally:
+        await nc.close()
+    _, body = until(lambda: (s := readyz(runner))[0] == 503 and s, "not ready")
+    assert f"consumer:{CONSUMER}" in body["failing"] and body["consumers"][0]["state"] == "failing", body
+    until(lambda: readyz(runner)[0] == 200, "ready again")
+    cid = conversation(edge.url, "after the consumer came back")
+    tid = start_turn(edge.url, cid, "hello", [{"text": "back"}])
+    assert [e["type"] for e in terminal(wait_for(edge.url, cid, tid, terminal))] == ["TurnCompleted"]
+
+
+# ----------------------------------------------------------------------------------------------- terminal guarantee
+def test_a_turn_ends_once_after_persistence_comes_back(stack, edge, runner, pages):
+    """Persistence SIGKILLed mid-turn and started again seconds later: the runner's appends wait for it, the turn
+    completes (one terminal event), every finished step is in the conversation."""
+    cid = conversation(edge.url, "persistence away")
+    tid = start_turn(edge.url, cid, "read six pages", fetch_script(pages, "pgaway", 6))
+    wait_for(edge.url, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
+    stack.stop("persistence", sig=signal.SIGKILL)
+    time.sleep(4)  # away for a while (not an assertion: the outage's length)
+    stack.start_service("persistence")
+    evs = wait_for(edge.url, cid, tid, terminal)
+    end = terminal(evs)
+    assert [e["type"] for e in end] == ["TurnCompleted"], [e["type"] for e in evs]
+    assert sum(1 for e in evs if e["type"] == "StepServed") == 7
+    mine = [m for m in messages(edge.url, cid) if m.get("turnId") == tid]
+    assert len(mine) == 13 and len({m["id"] for m in mine}) == 13  # 6 × (assistant + tool) + the answer, once
+
+
+# ----------------------------------------------------------------------------------------------- abort
+def test_abort_ends_a_queued_turn_whose_command_was_lost(stack, all_services):
+    """An edge whose work queue no runner pulls: its turns are admitted and queued, and their commands are as good
+    as lost. Abort ends such a turn at once and the conversation takes a new turn."""
+    lost = Replica(stack, "orchestration", "faults-edge-lost", CTX_ROLE="edge", CTX_TURNS_STREAM="CTX_TURNS_LOST",
+                   CTX_TURNS_SUBJECT="ctx.turn.run_lost_test", CTX_TURNS_CONSUMER="lost-runner").wait_ready()
+    try:
+        cid = conversation(lost.url, "lost command")
+        tid = start_turn(lost.url, cid, "hello", [{"text": "never"}])
+        blocked = httpx.post(f"{lost.url}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
+                             json={"text": "next", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
+        assert blocked.status_code == 409  # the lost turn holds the conversation
+        r = httpx.post(f"{lost.url}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH,
+                       json={"reason": "stuck"}, timeout=30)
+        assert r.status_code == 202 and r.json()["status"] == "aborted", r.text
+        end = terminal(events_of(lost.url, cid, tid))
+        assert len(end) == 1 and end[0]["data"]["code"] == "aborted" and "stuck" in end[0]["data"]["message"]
+        again = httpx.post(f"{lost.url}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
+                           json={"text": "next", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
+        assert again.status_code == 202, again.text  # the lock is free
+    finally:
+        lost.stop()
+
+
+async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, rpc):
+    cid = conversation(edge.url, "admitted only")
+    tid = f"turn_{uuid.uuid4().hex[:20]}"
+    await rpc.call("ctx.persist.append", {"streamId": f"conversation-turns:{cid}", "expectedVersion": 0, "events": [
+        {"eventId": str(uuid.uuid4()), "type": "TurnAdmitted", "data": {"turnId": tid, "userMessageId": "msg_x"}}]})
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
+        r = await http.post(f"{edge.url}/v1/conversations/{cid}/turns/{tid}/abort")
+    assert r.status_code == 202 and r.json()["status"] == "aborted", r.text
+    stored = await rpc.call("ctx.persist.read_stream", {"streamId": f"turn:{tid}", "fromVersion": 1})
+    assert [e["type"] for e in stored["events"]] == ["TurnFailed"]
+    nxt = start_turn(edge.url, cid, "next", [{"text": "free again"}])
+    assert [e["type"] for e in terminal(wait_for(edge.url, cid, nxt, terminal))] == ["TurnCompleted"]
+
+
+def test_an_aborted_turn_keeps_its_finished_steps(edge, runner, pages):
+    cid = conversation(edge.url, "abort keeps work")
+    tid = start_turn(edge.url, cid, "read eight pages", fetch_script(pages, "keep", 8))
+    wait_for(edge.url, cid, tid, lambda evs: sum(e["type"] == "ToolResultRecorded" for e in evs) >= 2)
+    r = httpx.post(f"{edge.url}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH, json={"reason": "enough"},
+                   timeout=30)
+    assert r.status_code == 202, r.text
+    evs = wait_for(edge.url, cid, tid, terminal)
+    end = terminal(evs)
+    assert len(end) == 1 and end[0]["type"] == "TurnFailed" and end[0]["data"]["code"] == "aborted"
+    finished = sum(e["type"] == "ToolResultRecorded" for e in evs)
+    mine = until(lambda: (ms := [m for m in messages(edge.url, cid) if m.get("turnId") == tid])
+                 and len(ms) >= 2 * 2 and ms, "finished steps in the conversation")
+    assert len(mine) in (2 * finished, 2 * finished - 2)  # steps whose every call has its result (never half)
+    calls = [p["toolCallId"] for m in mine for p in m["parts"] if p["type"] == "tool-call"]
+    results = [p["toolCallId"] for m in mine for p in m["parts"] if p["type"] == "tool-result"]
+    assert calls and sorted(calls) == sorted(results)  # no orphaned tool call
+
+
+# ----------------------------------------------------------------------------------------------- malformed payloads
+@pytest.mark.parametrize("subject", ["ctx.persist.read_stream", "ctx.persist.append", "ctx.persist.history",
+                                     "ctx.blob.put", "ctx.truncate.step", "ctx.compact.in_loop"])
+async def test_malformed_requests_are_invalid_payload_not_internal(all_services, nats_broker, subject):
+    bad = [b"[" * 60_000 + b"]" * 60_000, b'{"streamId":"conversation:\\ud800","fromVersion":1}',
+           b'{"streamId":"s","fromVersion":' + b"9" * 30 + b"}"]
+    for raw in bad:
+        msg = await nats_broker.request(raw, subject, timeout=30)
+        reply = json.loads(msg.body)
+        assert reply["error"]["code"] == "invalid-payload", (subject, raw[:40], reply)
+        assert "Traceback" not in reply["error"]["message"]
+
+
+async def test_an_integer_beyond_a_column_is_not_internal(all_services, rpc):
+    from ctxbuild_platform.errors import RemoteError
+
+    try:
+        page = await rpc.call("ctx.persist.read_stream", {"streamId": "conversation:none", "fromVersion": 2**40})
+    except RemoteError as exc:
+        assert exc.code == "invalid-payload", exc
+    else:
+        assert page["events"] == []
+
+
+# ----------------------------------------------------------------------------------------------- window fallback
+def test_with_compaction_down_every_request_fits_the_window(stack, edge, runner, pages):
+    """Compaction SIGKILLed: the runner fits every request to the window in-process (the room — the window minus
+    the system prompt and tools — is recorded with each fallback) and says so in CompactionDecided."""
+    window, n = 3000, 12
+    cid = conversation(edge.url, "compaction away", contextWindow=window)
+    stack.stop("compaction", sig=signal.SIGKILL)
+    try:
+        script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url(f"big/{k}")}}]}
+                  for k in range(1, n + 1)] + [{"text": "read them all"}]
+        tid = start_turn(edge.url, cid, "read twelve long articles", script, max_steps=n + 1)
+        evs = wait_for(edge.url, cid, tid, terminal)
+    finally:
+        stack.start_service("compaction")
+    assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"], terminal(evs)
+    fallbacks = {(e["data"]["phase"], e["data"].get("step")): e["data"] for e in evs
+                 if e["type"] == "CompactionDecided" and str(e["data"].get("fallback") or "").startswith("in-process")}
+    assert ("turn-start", None) in fallbacks
+    served = [e["data"] for e in evs if e["type"] == "StepServed"]
+    assert len(served) == n + 1
+    for s in served:
+        d = fallbacks[("in-loop", s["step"])]
+        assert s["servedTokens"] == d["postTokens"] <= d["room"] < window, (s["step"], d)
+    over = [d for d in fallbacks.values() if d["phase"] == "in-loop" and d["preTokens"] > d["room"]]
+    assert over, list(fallbacks.values())  # without the fallback, requests would have been over the window
