@@ -277,15 +277,24 @@ async def test_malformed_requests_are_invalid_payload_not_internal(all_services,
         assert "Traceback" not in reply["error"]["message"]
 
 
-async def test_an_integer_beyond_a_column_is_not_internal(all_services, rpc):
+async def test_integers_beyond_the_database_are_invalid_payload(all_services, rpc):
+    """Integers the contracts allow but Postgres cannot take (past int64, or past a column's type) are the
+    caller's error: a typed answer (``invalid-payload``; an expected version no stream has is a conflict), or an
+    empty page — never ``internal``."""
     from ctxbuild_platform.errors import RemoteError
 
-    try:
-        page = await rpc.call("ctx.persist.read_stream", {"streamId": "conversation:none", "fromVersion": 2**40})
-    except RemoteError as exc:
-        assert exc.code == "invalid-payload", exc
-    else:
-        assert page["events"] == []
+    for subject, payload in (
+            ("ctx.persist.read_stream", {"streamId": "conversation:none", "fromVersion": 10**30}),
+            ("ctx.persist.read_stream", {"streamId": "conversation:none", "fromVersion": 2**40, "limit": 10**25}),
+            ("ctx.persist.read_all", {"afterPosition": 10**30}),
+            ("ctx.persist.append", {"streamId": "conversation:none", "expectedVersion": 10**30, "events": [
+                {"eventId": str(uuid.uuid4()), "type": "TurnAbortRequested", "data": {"turnId": "t"}}]})):
+        try:
+            reply = await rpc.call(subject, payload)
+        except RemoteError as exc:
+            assert exc.code in ("invalid-payload", "version-conflict"), (subject, exc)  # typed, never internal
+        else:
+            assert reply.get("events", []) == [], (subject, reply)
 
 
 # ----------------------------------------------------------------------------------------------- window fallback

@@ -92,14 +92,13 @@ def test_malformed_requests_are_refused_by_reason():
     assert "nests deeper" in unprocessable(json.loads("[" * 300 + "]" * 300))
     assert "lone surrogate" in unprocessable({"s": "ok\ud800"})
     assert "lone surrogate" in unprocessable({"k\udfff": 1})
-    assert "64-bit" in unprocessable({"fromVersion": 2**64})
-    assert unprocessable({"a": [1, -(2**63), 2**63 - 1, 1.5, None, True, "😀"]}) is None
+    assert unprocessable({"a": [1, 2**70, 1.5, None, True, "😀"]}) is None  # a tool output may hold any number
 
 
 def test_dispatch_answers_invalid_payload_not_internal():
     async def never(_payload):
         raise AssertionError("the handler must not run")
 
-    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"streamId":"\\ud800"}', b'{"fromVersion":1' + b"0" * 40 + b"}"):
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"streamId":"\\ud800"}'):
         reply = asyncio.run(dispatch("ctx.persist.read_stream", raw, never))
         assert reply["error"]["code"] == "invalid-payload", reply

@@ -35,24 +35,19 @@ log = structlog.get_logger("rpc")
 
 
 MAX_DEPTH = 200  # deeper JSON is refused before anything recurses over it (no contract nests this deep)
-INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # every integer a service stores or compares fits a Postgres bigint
 
 
 def unprocessable(value: Any) -> str | None:
-    """Why a decoded request cannot be processed by any handler, or None: nesting deeper than ``MAX_DEPTH``, a
-    lone surrogate in a string or key (no UTF-8 encoding: Postgres, S3 and every text column refuse it), an
-    integer outside the signed 64-bit range. Iterative, so a hostile depth cannot exhaust the stack."""
+    """Why a decoded request cannot be processed by any handler, or None: nesting deeper than ``MAX_DEPTH``, or a
+    lone surrogate in a string or key (no UTF-8 encoding: Postgres, S3 and every text column refuse it).
+    Iterative, so a hostile depth cannot exhaust the stack. Integers are not bounded here (a tool output may
+    hold any JSON number); a service that stores one in a typed column range-checks it (persistence)."""
     stack: list[tuple[Any, int, str]] = [(value, 0, "$")]
     while stack:
         v, depth, where = stack.pop()
         if isinstance(v, str):
             if (m := LONE_SURROGATE.search(v)) is not None:
                 return f"{where} holds a lone surrogate (U+{ord(m.group()):04X}) at index {m.start()}"
-        elif isinstance(v, bool) or v is None or isinstance(v, float):
-            continue
-        elif isinstance(v, int):
-            if not INT_MIN <= v <= INT_MAX:
-                return f"{where} is an integer outside the signed 64-bit range"
         elif isinstance(v, (dict, list)):
             if depth >= MAX_DEPTH:
                 return f"{where} nests deeper than {MAX_DEPTH} levels"

@@ -12,13 +12,18 @@ import json
 from typing import Any
 
 import orjson
-from ctxbuild_platform.rpc import decode_request
+from ctxbuild_platform.errors import InvalidPayload
 
 
 def parse(raw: bytes) -> Any:
-    """The request's JSON; hostile input (deep nesting, lone surrogates, integers past 64 bits) is
-    ``invalid-payload`` like on every @rpc subject, never a crash reply."""
-    return decode_request(raw)
+    """The request's JSON. Tool outputs keep what they hold (big integers, lone surrogates: trimmed as they came),
+    but nesting too deep to decode is ``invalid-payload``, never a crash reply."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidPayload(f"payload is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidPayload("payload nests too deeply to decode") from exc
 
 
 def encode(value: Any) -> bytes:
