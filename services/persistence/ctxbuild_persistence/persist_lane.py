@@ -36,14 +36,30 @@ import structlog
 from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import persist_threshold
 from ctxbuild_platform import contracts
-from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload, ServiceError
 from ctxbuild_platform.telemetry import span
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from .adapters.event_store import EventStore, dumps
 from .domain.conversation import conversation_stream, fold
 from .domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
 
 log = structlog.get_logger("persist_lane")
+BLOB_ATTEMPTS = 3  # a blob-store call that fails retryably (S3 or the blob store away for a moment) is tried again
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ServiceError) and bool(exc.retryable)
+
+
+async def _again(call):
+    """``call()`` with up to BLOB_ATTEMPTS attempts on retryable failures (short jittered backoff): a transient
+    outage of the blob store costs a moment, not a part's trim or a message's content reference."""
+    async for attempt in AsyncRetrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(BLOB_ATTEMPTS),
+                                       wait=wait_exponential_jitter(initial=0.2, max=1.5), reraise=True):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")
 
 ENVELOPE_CONTRACT = "envelopes/envelope.json"
 
@@ -60,8 +76,8 @@ class LaneBlobs:
         """The URI the store acknowledged for exactly these bytes, or None (the part keeps its full text)."""
         async with self._slots:
             try:
-                reply = await self.client.put(w.text, conversation_id, ("message", w.message_id), "tool_output",
-                                              media_type="text/plain", sha256=w.sha256)
+                reply = await _again(lambda: self.client.put(w.text, conversation_id, ("message", w.message_id),
+                                                             "tool_output", media_type="text/plain", sha256=w.sha256))
             except Exception as exc:  # noqa: BLE001 - any failure of one write only costs that part its trim
                 log.warning("blob-put-failed", message=w.message_id, sha256=w.sha256,
                             error=f"{type(exc).__name__}: {exc}"[:300])
@@ -74,7 +90,7 @@ class LaneBlobs:
     async def ref(self, conversation_id: str, message_id: str, sha256: str) -> bool:
         async with self._slots:
             try:
-                await self.client.ref(sha256, conversation_id, ("message", message_id), "tool_output")
+                await _again(lambda: self.client.ref(sha256, conversation_id, ("message", message_id), "tool_output"))
                 return True
             except Exception as exc:  # noqa: BLE001 - the provisional reference still holds the blob
                 log.info("blob-ref-failed", message=message_id, sha256=sha256,
@@ -91,8 +107,8 @@ class LaneBlobs:
         store failing keeps a message that still fits ``fits`` bytes inline (better fat than lost)."""
         async with self._slots:
             try:
-                return await content_ref.store_message_parts(self.client, message, conversation_id,
-                                                             ("message", message["id"]), "tool_output")
+                return await _again(lambda: content_ref.store_message_parts(
+                    self.client, message, conversation_id, ("message", message["id"]), "tool_output"))
             except Exception as exc:
                 if len(dumps(message).encode("utf-8", "surrogatepass")) <= fits:
                     log.warning("content-ref-skipped", message=message.get("id"),
