@@ -30,11 +30,11 @@ def of(events: list[dict], type_: str) -> list[dict]:
     return [e["data"] for e in events if e["type"] == type_]
 
 
-@pytest.fixture(scope="module")
-async def turn(all_services):
+async def replay(all_services, summarizer: str) -> dict:
     async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
         cid = (await http.post("/v1/conversations", json={
-            "title": "lossless", "settings": {"contextWindow": WINDOW, "mcpMode": "disabled"}})).json()["id"]
+            "title": "lossless", "settings": {"contextWindow": WINDOW, "mcpMode": "disabled",
+                                              "summarizer": summarizer}})).json()["id"]
         att = await http.post(f"/v1/conversations/{cid}/attachments",
                               files={"file": ("service.log", generate_log().encode(), "text/plain")})
         assert att.status_code == 201
@@ -67,6 +67,16 @@ async def turn(all_services):
     return {"cid": cid, "tid": tid, "events": events, "requests": requests, "full": full}
 
 
+@pytest.fixture(scope="module")
+async def turn(all_services):
+    return await replay(all_services, "extractive")
+
+
+@pytest.fixture(scope="module")
+async def masked(all_services):
+    return await replay(all_services, "masking")
+
+
 def task_rows(body: dict) -> list[dict]:
     return [m for m in body["messages"] if m["role"] == "user"
             and [p.get("text") for p in m["parts"] if p["type"] == "text"] == [TASK]]
@@ -89,18 +99,18 @@ async def test_the_task_survives_three_folds_verbatim_in_every_request(turn):
         assert body["messages"][1]["id"].startswith("compaction:")
 
 
-async def fs_read(rpc, turn, uri, **args) -> dict:
+async def fs_read(rpc, turn, uri, scoped=True, **args) -> dict:
     """A read as the model's fs_read makes it: the turn's id and a retained context (here: nothing retained
-    beyond what the turn itself references)."""
-    return await rpc.call("ctx.blob.fs_read", {"conversationId": turn["cid"], "turnId": turn["tid"], "uri": uri,
-                                               "retained": {"fileAttachments": [], "persistedUris": []}, **args})
+    beyond what the turn itself references); ``scoped=False``: conversation-wide (what the UI read-back sees)."""
+    scope = {"turnId": turn["tid"], "retained": {"fileAttachments": [], "persistedUris": []}} if scoped else {}
+    return await rpc.call("ctx.blob.fs_read", {"conversationId": turn["cid"], "uri": uri, **scope, **args})
 
 
-async def read_all(rpc, turn, uri) -> str:
+async def read_all(rpc, turn, uri, scoped=True) -> str:
     """The whole blob through fs_read pages (a line cut at a page continues by column)."""
     lines, offset, column = [], 1, 1
     while True:
-        r = await fs_read(rpc, turn, uri, offset=offset, column=column)
+        r = await fs_read(rpc, turn, uri, scoped, offset=offset, column=column)
         assert r["kind"] == "text", r
         rendered = r["text"].split("\n") if r["text"] else []
         for k, ln in enumerate(rendered):
@@ -140,3 +150,35 @@ async def test_every_folded_output_reads_back_through_the_summary_transcripts(tu
     # a bad pattern is a result the model reads, not a failure
     bad = await fs_read(rpc, turn, uris[0], pattern="(unclosed")
     assert bad["kind"] == "error" and bad["code"] == "invalid-pattern"
+
+
+URI = re.compile(r"context://vfs/vfs_[0-9a-f]{16}\.txt")
+
+
+async def test_masking_keeps_the_task_and_every_output_one_link_away(masked, rpc):
+    """Masking: the task stays verbatim where it was in every request, every request fits the window, and at the
+    last step every output of the run is in the request or behind a link in it (a masked output's own blob, or
+    the transcript of a collapse)."""
+    folds = [d for d in of(masked["events"], "CompactionDecided") if d["phase"] == "in-loop" and d["status"] == "done"]
+    assert folds and all(d["summarizer"] == "masking" for d in folds)
+    requests = masked["requests"]
+    first_task = task_rows(requests[0])
+    assert len(first_task) == 1
+    at = requests[0]["messages"].index(first_task[0])
+    for body in requests:
+        assert task_rows(body) == first_task and body["messages"][at] == first_task[0]
+    assert all(s["servedTokens"] <= WINDOW for s in of(masked["events"], "StepServed"))
+    last = requests[-1]
+    served = [p["output"]["value"] for m in last["messages"] for p in m["parts"]
+              if p["type"] == "tool-result" and isinstance(p["output"].get("value"), str)]
+    uris = list(dict.fromkeys(URI.findall(json.dumps(last, ensure_ascii=False))))
+    # after the turn: the in-flight offloads are the conversation's now (the persist lane's references), so the
+    # links are read conversation-wide
+    linked = [await read_all(rpc, masked, u, scoped=False) for u in uris]
+    masked_away = 0
+    for call_id, text in masked["full"].items():
+        if any(text in v for v in served):
+            continue
+        masked_away += 1
+        assert any(text in b for b in linked), call_id
+    assert masked_away >= PAGES // 2

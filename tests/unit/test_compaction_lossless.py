@@ -273,6 +273,9 @@ async def test_masking_on_a_long_run_collapses_its_prefix_and_stays_in_the_windo
         replies.append(reply)
         ck = reply["checkpoint"]
         messages += [call(step, thought), result(step, trim=False)]
+    # what masking archived outlives the turn's provisional blobs (a served link stays readable)
+    masked = {hashlib.sha256(page(k).encode()).hexdigest() for k in range(1, 81)} & set(blobs.objects)
+    assert masked and all((sha, ("turn", "t"), "tool_output") in blobs.refs for sha in masked)
     collapsed = [r for r in replies if r["decision"].get("note") == "masking-collapsed"]
     assert collapsed and all(r["decision"]["summarizer"] == "masking" for r in collapsed)
     assert all(FIXED + count_messages(r["messages"]) <= W for r in replies)

@@ -1,7 +1,8 @@
 """The blob store as seen from compaction (through ``ctxbuild_blobclient.BlobClient``):
 
-- masking archives an output's full text with a provisional reference to the turn (the same reference the
-  in-flight lane uses), so the masked marker's URI is readable with fs_read;
+- masking archives an output's full text with a ``tool_output`` reference owned by the turn, so the masked
+  marker's URI is readable with fs_read — also after the turn, when its provisional references are released
+  (a served request's links stay readable: lossless, SPEC §15.2);
 - an in-loop checkpoint's compacted prefix travels and is recorded by reference when it is large (SPEC §15.1:
   events stay small). The prefix blob is provisional to the turn: the runner releases the turn's provisional
   references once the turn is terminal, and nothing needs the checkpoint after that;
@@ -146,7 +147,7 @@ class BlobStore:
         owner = ("turn", turn_id) if turn_id else ("conversation", conversation_id)
         try:
             reply = await asyncio.wait_for(self.blobs.put(
-                text, conversation_id, owner, "provisional" if turn_id else "tool_output", media_type="text/plain"),
+                text, conversation_id, owner, "tool_output", media_type="text/plain"),
                 self.timeout_s)
             return str(reply["uri"])
         except Exception as exc:  # noqa: BLE001 - unavailable, too large, malformed: keep the output
