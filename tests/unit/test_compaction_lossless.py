@@ -295,3 +295,20 @@ def test_the_task_is_the_user_message_that_started_the_turn():
     assert find_task(rows[:2], "t") == "u1"      # no row of the turn yet: the newest user row
     summary = {"id": "compaction:x", "role": "user", "parts": [{"type": "text", "text": "…"}]}
     assert find_task([TASK, summary], None) == "u1"
+
+
+def test_a_turn_start_summary_of_a_summary_names_both_transcripts():
+    from ctxbuild_compaction.domain import stored_text
+
+    from tests.unit.test_compaction_domain import assistant, filler, history, long_history, user
+
+    old, new = "context://vfs/vfs_00000000000000b1.txt", "context://vfs/vfs_00000000000000b2.txt"
+    rows = long_history()
+    rows[3] = {**rows[3], "compactionSummary": stored_text("- User: asked for a review.", [], [old])}
+    rows += [assistant("a5", "Findings follow. " + filler(1_500)), user("u4", "and then? " + filler(300))]
+    plan = plan_turn_start(history(rows), TurnStartSettings(context_window=3_000))
+    assert plan.fold is not None and old in plan.retained.persisted_uris   # the earlier transcript stays readable
+    done = finish(plan, extractive(plan.fold), transcript=new)
+    assert transcripts_of(done.messages[0]["parts"][0]["text"]) == [old, new]
+    assert transcripts_of(done.summary_text) == [old, new]
+    assert {old, new} <= set(done.retained.persisted_uris)
