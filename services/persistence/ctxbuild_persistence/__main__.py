@@ -32,6 +32,10 @@ from .persist_lane import LaneBlobs, PersistLane
 from .settings import Settings
 
 
+async def _alive(worker: Any) -> bool:
+    return worker.running
+
+
 def build(settings: Settings) -> AsgiFastStream:
     broker = make_broker(settings)
     url = settings.database_url.get_secret_value()
@@ -75,7 +79,9 @@ def build(settings: Settings) -> AsgiFastStream:
         return AsgiResponse(json.dumps(body).encode(), status, headers={"content-type": "application/json"})
 
     app = make_app(settings, broker,
-                   readiness=[("postgres", db.ping)],
+                   # the background loops too: one that died (it never should) is not a ready service
+                   readiness=[("postgres", db.ping), ("outbox-relay", lambda: _alive(relay)),
+                              ("projector", lambda: _alive(projector))],
                    extra_routes=[("/projection", projection_status)],
                    on_startup=[open_database],
                    after_startup=[relay.start, projector.start],

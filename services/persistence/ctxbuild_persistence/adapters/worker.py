@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import structlog
+
+log = structlog.get_logger("worker")
+
 
 class WakeableWorker:
     """Subclasses implement `_run`, looping until `_stopping` and waiting on `_wake` between rounds."""
@@ -23,6 +27,17 @@ class WakeableWorker:
         if self._task is None:
             self._stopping = False
             self._task = asyncio.create_task(self._run(), name=self.task_name)
+            self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """A loop that ends without being stopped (an exception its own handling let through) is logged and
+        restarted a second later — never a silent death; readiness reads :attr:`running` meanwhile."""
+        if self._stopping or task.cancelled() or task is not self._task:
+            return
+        log.error("worker-died", worker=self.task_name, error=repr(task.exception())[:300])
+        self._task = None
+        asyncio.get_running_loop().call_later(1.0, lambda: None if self._stopping else asyncio.ensure_future(
+            self.start()))
 
     async def stop(self) -> None:
         self._stopping = True
