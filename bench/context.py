@@ -73,6 +73,7 @@ SUMMARIZERS = ("extractive", "masking", "llm")
 PEERS = ("raw", "lc_trim", "lc_clear_default", "lc_clear_0.8W", "deepagents_evict", "deepagents_evict_2500")
 TURN_TIMEOUT_S = 600.0
 STAND_IN_MODEL = "bench-stand-in-summarizer"
+MAX_LINK_READS = 400
 
 DEFINITIONS = {
     "steps_over_window": "requests whose tokens exceed W (request tokens = 3 + Σ per message (3 + role + content "
@@ -590,19 +591,29 @@ class Ctxbuild:
         readback: list[str] = []
         unreadable: list[str] = []
         links = find_links(request_texts(reqs[-1]), self.pattern) if reqs else []
-        for uri in links:
+        # a link inside a text read back (a fold's transcript names the outputs it holds as markers) is one more
+        # fs_read for the model: followed too, breadth-first, up to MAX_LINK_READS reads
+        queue, seen, nested = list(links), set(links), 0
+        while queue and len(readback) + len(unreadable) < MAX_LINK_READS:
+            uri = queue.pop(0)
             text, err = await self.read_back(cid, uri)
             if text is None:
                 unreadable.append(f"{uri}: {err}")
-            else:
-                readback.append(text)
+                continue
+            readback.append(text)
+            for more in find_links([text], self.pattern):
+                if more not in seen:
+                    seen.add(more)
+                    queue.append(more)
+                    nested += 1
         c1 = self.stand_in.snapshot()
         llm = {"calls": c1[0] - c0[0], "input_tokens": c1[1] - c0[1], "output_tokens": c1[2] - c0[2]}
-        sr = StrategyRun(reqs, compacted, readback=readback, links=len(links), links_unreadable=len(unreadable),
+        sr = StrategyRun(reqs, compacted, readback=readback, links=len(seen), links_unreadable=len(unreadable),
                          llm_tokens=llm["input_tokens"] + llm["output_tokens"])
         info = {"conversationId": cid, "lastTurnId": last_turn, "failedTurns": failed,
                 "compactionDecisions": dict(sorted(decisions.items())), "summarizerLlm": llm,
-                "unreadableLinks": unreadable[:10]}
+                "linksInLastRequest": len(links), "linksFoundInReadBacks": nested, "linksRead": len(readback),
+                "linksNotFollowed": len(queue), "unreadableLinks": unreadable[:10]}
         return sr, info
 
     async def read_back(self, cid: str, uri: str) -> tuple[str | None, str | None]:
@@ -651,7 +662,7 @@ def plot(out_dir: Path, results: dict[str, Any]) -> list[str]:
             fig.tight_layout()
             fig.savefig(p, dpi=90)
             plt.close(fig)
-            paths.append(str(p.relative_to(ROOT)))
+            paths.append(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p))
     return paths
 
 
@@ -697,6 +708,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="only runs whose name contains one of these (development)")
     ap.add_argument("--no-ctxbuild", action="store_true", help="peers only (development)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--dump", type=Path, help="write each ctxbuild cell's last request and read-backs here (debug)")
     args = ap.parse_args()
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -750,6 +762,12 @@ def main() -> None:
                     if (r.name, w, s) not in served:
                         continue
                     sr, info = served[(r.name, w, s)]
+                    if args.dump:
+                        args.dump.mkdir(parents=True, exist_ok=True)
+                        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{r.name}-{w}-{s}")
+                        (args.dump / f"{slug}.json").write_text(json.dumps(
+                            {"last_request": sr.requests[-1] if sr.requests else None, "readback": sr.readback,
+                             "outputs": r.outputs}, ensure_ascii=False))
                     m = strategy_metrics(sr, task=r.task, window=w, outputs=r.outputs, tokens=tokens)
                     if len(sr.requests) != len(r.step_at):
                         m["step_count_mismatch"] = {"served": len(sr.requests), "recorded": len(r.step_at)}
