@@ -100,6 +100,20 @@ DEFINITIONS = {
 }
 
 
+NOTES = [
+    ("Links are read back after the run's last turn has ended (conversation scope, ctx.blob.fs_read). A blob held "
+    "only by a provisional reference of a turn (the masking summarizer's archived outputs) is released when that "
+    "turn ends, so it reads back as access-denied here; within a single-turn run the model could still have read "
+    "it during its last step, across turns it could not."),
+    ("A link found inside a read-back text is followed too (one more fs_read for the model), up to "
+    f"{MAX_LINK_READS} reads per cell."),
+    ("Every strategy is given the system message ctxbuild served at its first step; recorded system prompts are "
+    "not replayed (ctxbuild cannot be given them). Call ids are call_<turn>_<step>_<i> for every strategy."),
+    ("32-char windows are compared verbatim: an output shown in another JSON layout (e.g. with ', ' separators) "
+    "only counts where its windows still match."),
+]
+
+
 # ---------------------------------------------------------------- runs
 
 @dataclass
@@ -799,6 +813,18 @@ def main() -> None:
     if ok:
         out["best_summarizer_by_cost"] = min(ok, key=lambda s: (ok[s].get("cost_ratio_vs_best_peer") or 9e9,
                                                                 ok[s].get("cost_ratio_vs_raw") or 9e9))
+    d = out["default"]
+    out["targets"] = {
+        "steps_over_window == 0": d.get("steps_over_window") == 0,
+        "no_task_steps == 0": d.get("no_task_steps") == 0,
+        "orphan_steps == 0": d.get("orphan_steps") == 0,
+        "model_recoverable >= 0.99": (d.get("model_recoverable") or 0) >= 0.99,
+        "prefix_stability_outside_compaction == 1.0": d.get("prefix_stability_outside_compaction") == 1.0,
+        # vacuous (null) when no run exceeds the window or no peer qualifies on any run that does
+        "cost_ratio_vs_best_peer < 1": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] < 1,
+        "cost_ratio_vs_raw <= 1": d.get("cost_ratio_vs_raw") is None or d["cost_ratio_vs_raw"] <= 1,
+    } if ours else {}
+    out["notes"] = NOTES
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         out["plots"] = plot(args.out.parent, out)
@@ -836,7 +862,12 @@ def main() -> None:
                               "" if ratio is None else str(ratio))
     console.print(table)
     console.print_json(json.dumps({"default_summarizer": default_summarizer, "default": out["default"],
-                                   "per_summarizer_worst": summary, "seconds": out["seconds"]}))
+                                   "per_summarizer_worst": summary, "targets": out["targets"],
+                                   "seconds": out["seconds"]}))
+    missed = [k for k, ok in out["targets"].items() if not ok]
+    if missed:
+        return f"bench-context: the default summarizer ({default_summarizer}) misses {'; '.join(missed)} — see {args.out}"
+    return None
 
 
 if __name__ == "__main__":
