@@ -63,6 +63,7 @@ from context_metrics import (
     find_links,
     request_texts,
     strategy_metrics,
+    uncut_template,
     worst_case,
 )
 
@@ -162,11 +163,6 @@ def build_history(run: Run) -> None:
                     run.outputs.append(text_out)
                     msgs.append({"role": "tool", "tool_call_id": canonical_id(j, k, i), "content": text_out})
     run.messages = msgs
-
-
-def uncut_template(template: str) -> str:
-    """mini-swe-agent's observation_template with its length cut disabled (``output.output | length < N``)."""
-    return re.sub(r"(output\.output\s*\|\s*length\s*<\s*)\d+", r"\g<1>1000000000000000", template)
 
 
 def mini_swe_full_outputs(path: Path, run: Run) -> None:

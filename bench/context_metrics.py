@@ -88,6 +88,14 @@ class TokenCounter:
         return 3 + sum(self.message(m) for m in msgs)
 
 
+# ---------------------------------------------------------------- full history
+
+def uncut_template(template: str) -> str:
+    """mini-swe-agent's ``observation_template`` with its length cut disabled: the ``output.output | length < N``
+    test that picks the full ``<output>`` branch over the head/tail one becomes always true."""
+    return re.sub(r"(output\.output\s*\|\s*length\s*<\s*)\d+", r"\g<1>1000000000000000", template)
+
+
 # ---------------------------------------------------------------- per-request checks
 
 def has_task(msgs: Sequence[Message], task: str) -> bool:

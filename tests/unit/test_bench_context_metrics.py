@@ -24,6 +24,7 @@ from context_metrics import (
     orphans,
     recoverable,
     strategy_metrics,
+    uncut_template,
     windows,
     worst_case,
 )
@@ -161,3 +162,13 @@ def test_worst_case_takes_the_bad_direction_of_each_figure():
     assert w["model_recoverable"] == 0.9 and w["prefix_stability_outside_compaction"] == 0.8
     assert w["cost_ratio_vs_best_peer"] == 0.7 and w["cost_ratio_vs_best_peer_cells"] == 2
     assert w["cost_ratio_vs_raw"] == 1.1 and w["cost_ratio_vs_raw_cells"] == 1
+
+
+def test_uncut_template_disables_only_the_length_cut():
+    tpl = ("<returncode>{{output.returncode}}</returncode>\n{% if output.output | length < 10000 -%}\n<output>\n"
+           "{{ output.output -}}\n</output>\n{%- else -%}\n<output_head>{{ output.output[:5000] }}</output_head>"
+           "{%- endif -%}")
+    out = uncut_template(tpl)
+    assert "output.output | length < 1000000000000000" in out
+    assert out.replace("1000000000000000", "10000") == tpl
+    assert uncut_template("no cut here {{ output.output }}") == "no cut here {{ output.output }}"
