@@ -107,7 +107,7 @@ class DeadLetters:
                 data = b""
             await self._js().publish(f"{self.config.prefix}.{msg.subject}", data, headers=headers,
                                      stream=self.config.stream)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the message comes back and is parked next time
             self._ready = False
             log.error("dead-letter-failed", subject=getattr(msg, "subject", None), reason=reason[:300],
                       error=f"{type(exc).__name__}: {exc}"[:300])
@@ -117,6 +117,6 @@ class DeadLetters:
                   deliveries=meta.num_delivered, reason=reason[:300], dead_letter_stream=self.config.stream)
         try:
             await msg.term()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - parked already; a redelivery is parked again (same Msg-Id)
             log.warning("term-failed", subject=msg.subject, error=str(exc)[:200])
         return True

@@ -105,7 +105,7 @@ class RunnerLoop:
         try:
             async with Heartbeat(d.msg, self.settings.turn_ack_wait_s):
                 await self.runner.abort_now(d.turn_id, reason)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - not recorded: the redelivery reads TurnAbortRequested and ends it
             log.error("abort-not-recorded", turn_id=d.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
             await nak(d.msg, delay=retry_delay(d.attempt))
             return
@@ -142,7 +142,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # the runner waits for persistence (a turn must reach its terminal event) and retries truncation elsewhere
     runner_backends = Backends(rpc, settings.tool_timeout_s, patience_s=settings.persist_patience_s,
                                truncate_attempt_s=settings.truncate_attempt_timeout_s,
-                               truncate_attempts=settings.truncate_attempts)
+                               truncate_attempts=settings.truncate_attempts,
+                               blob_patience_s=settings.blob_patience_s)
     dead_letters = DeadLetters(lambda: broker.connection, settings.service_name,
                                DeadLetterConfig(stream=settings.dead_letter_stream,
                                                 replicas=settings.turns_stream_replicas))

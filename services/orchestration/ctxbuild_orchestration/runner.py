@@ -272,7 +272,7 @@ class TurnRunner:
                 log.info("finished-steps-kept", turn_id=st.turn_id, messages=len(finished), code=code)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the terminal event matters more than the kept work
                 log.error("finished-steps-not-kept", turn_id=st.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
         await self._fail(ts, code, message, retryable)
 
@@ -404,7 +404,7 @@ class TurnRunner:
                 await self.backends.rpc.broker.publish(
                     {"turnId": turn_id, "step": step, "seq": seq, "text": text}, f"{DELTA_SUBJECT}.{turn_id}")
                 seq += 1
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - streaming is a courtesy, the turn must go on
                 log.debug("delta-not-sent", turn_id=turn_id, error=str(exc))
 
         return on_text
@@ -419,10 +419,10 @@ class TurnRunner:
             async for attempt in AsyncRetrying(stop=stop_after_delay(self.keep_request_patience_s),
                                                wait=wait_exponential_jitter(initial=0.25, max=4.0), reraise=True):
                 with attempt:
-                    r = await self.backends.blobs.put(body, conversation_id, ("turn", turn_id), "tool_output",
+                    r = await self.backends.blob_client.put(body, conversation_id, ("turn", turn_id), "tool_output",
                                                       media_type="application/json")
             return {"sha256": r["sha256"], "size": r["size"]}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - observability must not fail the turn
             log.warning("served-request-not-kept", turn_id=turn_id, error=str(exc)[:300])
             return {"missing": f"{type(exc).__name__}: {exc}"[:500]}
 

@@ -35,6 +35,8 @@ class Settings(ServiceSettings, WebToolSettings):
     truncate_attempt_timeout_s: float = Field(30.0, gt=0, description="runner: one ctx.truncate.step attempt "
                                               "(+1 s per 4 MiB of outputs); a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")
+    blob_patience_s: float = Field(30.0, ge=0, description="runner: how long an idempotent blob-store call (a turn's "
+                                   "large content, reads) is retried while the blob store or S3 is away")
     keep_request_patience_s: float = Field(20.0, ge=0, description="runner: how long a served request's blob "
                                            "write is retried before StepServed records it missing")
     abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "

@@ -50,15 +50,40 @@ def new_event(type_: str, data: dict[str, Any], **metadata: Any) -> dict[str, An
     return ev
 
 
+class PatientBlobs:
+    """The runner's blob client: idempotent calls (content-addressed puts of bytes or text, reads, references)
+    retried while the blob store or S3 is away for a while, instead of failing the turn at the first refusal.
+    Everything else goes to the client as it is."""
+
+    RETRIED = frozenset({"put", "get_bytes", "get_text", "ref", "release"})
+
+    def __init__(self, client: BlobClient, patience_s: float) -> None:
+        self.client = client
+        self.patience_s = patience_s
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.client, name)
+        if name not in self.RETRIED:
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "put" and args and not isinstance(args[0], (bytes, str)):
+                return await attr(*args, **kwargs)  # a stream is read once: not retryable
+            return await patiently(lambda: attr(*args, **kwargs), within_s=self.patience_s, what=f"blob {name}")
+
+        return call
+
+
 class Backends:
     """``patience_s``: how long persistence calls (appends by event id, reads, the persist lane) are retried while
     persistence or Postgres is away — the runner waits (a turn must reach its terminal event), the edge (0) answers
     503 at once."""
 
     def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0, *, patience_s: float = 0.0,
-                 truncate_attempt_s: float = 30.0, truncate_attempts: int = 3) -> None:
+                 truncate_attempt_s: float = 30.0, truncate_attempts: int = 3, blob_patience_s: float = 0.0) -> None:
         self.rpc = rpc
-        self.blobs = BlobClient(rpc)  # claim check: attachments of any size, bounded memory
+        self.blob_client = BlobClient(rpc)  # claim check: attachments of any size, bounded memory
+        self.blobs: Any = PatientBlobs(self.blob_client, blob_patience_s) if blob_patience_s > 0 else self.blob_client
         self.tool_timeout_s = tool_timeout_s
         self.patience_s = patience_s
         self.truncate_attempt_s = truncate_attempt_s

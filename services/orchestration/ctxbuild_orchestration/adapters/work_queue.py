@@ -177,7 +177,7 @@ class TurnQueue:
                 raise InvalidPayload(why)
             contracts.validate("subjects/ctx.turn.run.request.json", body)
             delivery = Delivery(body["turnId"], body["conversationId"], deliveries, msg)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - RecursionError (deep nesting), UnicodeError, invalid: park
             error = exc.message if isinstance(exc, InvalidPayload) else f"{type(exc).__name__}: {exc}"
             log.error("bad-turn-command", size=len(msg.data or b""), error=error[:300])
             await self.dead_letters.park(msg, f"invalid-payload: {error}", consumer=self.config.durable)
@@ -217,7 +217,7 @@ def retry_delay(attempt: int) -> float:
 async def nak(msg: Msg, delay: float | None = None) -> None:
     try:
         await msg.nak(delay=delay)
-    except Exception as exc:  # connection closing: ack_wait hands it over instead
+    except Exception as exc:  # noqa: BLE001 - connection closing: ack_wait hands it over instead
         log.warning("nak-failed", error=str(exc)[:200])
 
 
