@@ -32,7 +32,7 @@ class Settings(ServiceSettings, WebToolSettings):
                                        "retried; then the command is handed back (resumed or ended later)")
     compaction_timeout_s: float = Field(120.0, gt=0, description="runner: one compaction call (an llm summarizer "
                                         "is a model call); past it the runner fits the window in-process")
-    truncate_attempt_timeout_s: float = Field(30.0, gt=0, description="runner: one ctx.truncate.step attempt "
+    truncate_attempt_timeout_s: float = Field(15.0, gt=0, description="runner: one ctx.truncate.step attempt "
                                               "(+1 s per 4 MiB of outputs); a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")
     blob_patience_s: float = Field(30.0, ge=0, description="runner: how long an idempotent blob-store call (a turn's "

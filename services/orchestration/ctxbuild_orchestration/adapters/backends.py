@@ -80,7 +80,7 @@ class Backends:
     503 at once."""
 
     def __init__(self, rpc: RpcClient, tool_timeout_s: float = 60.0, *, patience_s: float = 0.0,
-                 truncate_attempt_s: float = 30.0, truncate_attempts: int = 3, blob_patience_s: float = 0.0) -> None:
+                 truncate_attempt_s: float = 15.0, truncate_attempts: int = 3, blob_patience_s: float = 0.0) -> None:
         self.rpc = rpc
         self.blob_client = BlobClient(rpc)  # claim check: attachments of any size, bounded memory
         self.blobs: Any = PatientBlobs(self.blob_client, blob_patience_s) if blob_patience_s > 0 else self.blob_client
