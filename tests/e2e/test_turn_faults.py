@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 import uuid
@@ -49,7 +50,7 @@ def edge(stack, all_services):
 @pytest.fixture(scope="module")
 def runner(stack, edge):
     r = Replica(stack, "orchestration", "faults-runner", CTX_ROLE="runner", CTX_ALLOW_PRIVATE_NETWORKS="true",
-                **QUEUE_ENV).wait_ready()
+                CTX_TRUNCATE_ATTEMPT_TIMEOUT_S="3", CTX_TRUNCATE_ATTEMPTS="4", **QUEUE_ENV).wait_ready()
     yield r
     r.stop()
 
@@ -205,6 +206,43 @@ def test_a_turn_ends_once_after_persistence_comes_back(stack, edge, runner, page
     assert sum(1 for e in evs if e["type"] == "StepServed") == 7
     mine = [m for m in messages(edge.url, cid) if m.get("turnId") == tid]
     assert len(mine) == 13 and len({m["id"] for m in mine}) == 13  # 6 × (assistant + tool) + the answer, once
+
+
+def test_a_turn_ends_once_after_postgres_comes_back(stack, edge, runner, pages):
+    """Postgres stopped mid-turn for seconds (persistence answers `unavailable` meanwhile) and started again: the
+    turn completes once, its messages in the conversation once."""
+    cid = conversation(edge.url, "postgres away")
+    tid = start_turn(edge.url, cid, "read five pages", fetch_script(pages, "pgdown", 5))
+    wait_for(edge.url, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
+    stack.stop("postgres")
+    try:
+        time.sleep(5)  # away for a while (not an assertion: the outage's length)
+    finally:
+        stack.start_infra(["postgres"])
+    evs = wait_for(edge.url, cid, tid, terminal)
+    assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"], [e["type"] for e in evs]
+    mine = [m for m in messages(edge.url, cid) if m.get("turnId") == tid]
+    assert len(mine) == 11 and len({m["id"] for m in mine}) == 11
+
+
+def test_a_frozen_truncation_replica_does_not_stall_the_turn(stack, edge, runner, pages):
+    """A second truncation replica frozen (SIGSTOP: subscribed, never answering — a dead node the server has not
+    noticed yet): requests it takes time out after a short attempt and go to the live replica; the turn completes
+    with its outputs trimmed."""
+    frozen = Replica(stack, "truncation", "faults-trunc-frozen").wait_ready()
+    os.killpg(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        cid = conversation(edge.url, "frozen truncation", contextWindow=32000)
+        script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url(f"big/frozen{k}")}}]}
+                  for k in range(1, 5)] + [{"text": "done"}]
+        tid = start_turn(edge.url, cid, "read four long articles", script)
+        evs = wait_for(edge.url, cid, tid, terminal)
+    finally:
+        os.killpg(frozen.proc.pid, signal.SIGCONT)
+        frozen.stop()
+    assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"]
+    results = [e["data"] for e in evs if e["type"] == "ToolResultRecorded"]
+    assert len(results) == 4 and any(r["trimmed"] for r in results)
 
 
 # ----------------------------------------------------------------------------------------------- abort
