@@ -725,6 +725,8 @@ def main() -> None:
     from rich.table import Table
 
     console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=180)  # a log file: the whole table, not 80 columns
     t0 = time.perf_counter()
     head: dict[str, Any] = {"benchmark": "context", "definitions": DEFINITIONS}
     if not args.data.is_dir():
