@@ -50,7 +50,8 @@ def edge(stack, all_services):
 @pytest.fixture(scope="module")
 def runner(stack, edge):
     r = Replica(stack, "orchestration", "faults-runner", CTX_ROLE="runner", CTX_ALLOW_PRIVATE_NETWORKS="true",
-                CTX_TRUNCATE_ATTEMPT_TIMEOUT_S="3", CTX_TRUNCATE_ATTEMPTS="4", **QUEUE_ENV).wait_ready()
+                CTX_TRUNCATE_ATTEMPT_TIMEOUT_S="3", CTX_TRUNCATE_ATTEMPTS="4", CTX_KEEP_REQUEST_PATIENCE_S="2",
+                **QUEUE_ENV).wait_ready()
     yield r
     r.stop()
 
@@ -245,6 +246,25 @@ def test_a_frozen_truncation_replica_does_not_stall_the_turn(stack, edge, runner
     assert len(results) == 4 and any(r["trimmed"] for r in results)
 
 
+def test_served_requests_are_kept_or_recorded_missing_while_s3_is_away(stack, edge, runner, pages):
+    """S3 stopped before a turn: each step's request is retried, then StepServed records why it is missing;
+    the turn completes. S3 back: the next turn's requests are kept again."""
+    cid = conversation(edge.url, "s3 away")
+    stack.stop("s3")
+    try:
+        tid = start_turn(edge.url, cid, "three small steps", fetch_script(pages, "s3away", 2))
+        evs = wait_for(edge.url, cid, tid, terminal)
+    finally:
+        stack.start_infra(["s3"])
+    assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"], terminal(evs)
+    served = [e["data"] for e in evs if e["type"] == "StepServed"]
+    assert len(served) == 3 and all(("request" in s) != ("requestMissing" in s) for s in served)
+    assert any(s.get("requestMissing") for s in served)
+    tid2 = start_turn(edge.url, cid, "after s3 is back", [{"text": "kept"}])
+    served2 = [e["data"] for e in wait_for(edge.url, cid, tid2, terminal) if e["type"] == "StepServed"]
+    assert served2 and all("request" in s for s in served2)
+
+
 # ----------------------------------------------------------------------------------------------- abort
 def test_abort_ends_a_queued_turn_whose_command_was_lost(stack, all_services):
     """An edge whose work queue no runner pulls: its turns are admitted and queued, and their commands are as good
@@ -267,6 +287,33 @@ def test_abort_ends_a_queued_turn_whose_command_was_lost(stack, all_services):
         assert again.status_code == 202, again.text  # the lock is free
     finally:
         lost.stop()
+
+
+def test_abort_ends_a_running_turn_whose_runner_died(stack, all_services, pages):
+    """The runner SIGKILLed mid-turn and no other replica on its queue: the abort's wake-up reaches nobody, and
+    the edge ends the turn after its grace; the conversation is free."""
+    env = {"CTX_TURNS_STREAM": "CTX_TURNS_ORPHAN", "CTX_TURNS_SUBJECT": "ctx.turn.run_orphan_test",
+           "CTX_TURNS_CONSUMER": "orphan-runner", "CTX_TURN_ACK_WAIT_S": "30"}
+    edge2 = Replica(stack, "orchestration", "faults-edge-orphan", CTX_ROLE="edge", CTX_ABORT_GRACE_S="1",
+                    **env).wait_ready()
+    doomed = Replica(stack, "orchestration", "faults-runner-orphan", CTX_ROLE="runner",
+                     CTX_ALLOW_PRIVATE_NETWORKS="true", **env).wait_ready()
+    try:
+        cid = conversation(edge2.url, "orphaned turn")
+        tid = start_turn(edge2.url, cid, "read eight pages", fetch_script(pages, "orphan", 8))
+        wait_for(edge2.url, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
+        doomed.kill()
+        r = httpx.post(f"{edge2.url}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH,
+                       json={"reason": "runner gone"}, timeout=30)
+        assert r.status_code == 202 and r.json()["status"] == "abort-requested", r.text
+        end = terminal(wait_for(edge2.url, cid, tid, terminal, timeout=60))
+        assert len(end) == 1 and end[0]["data"]["code"] == "aborted" and "runner gone" in end[0]["data"]["message"]
+        nxt = httpx.post(f"{edge2.url}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
+                         json={"text": "next", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
+        assert nxt.status_code == 202, nxt.text  # the lock is free
+    finally:
+        doomed.kill()
+        edge2.stop()
 
 
 async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, rpc):
