@@ -54,6 +54,7 @@ SYSTEM_PROMPT = (
     "<persisted-output> block; read the full text with fs_read when you need it."
 )
 COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
+FAST_COMPACTION_TIMEOUT_S = 45.0  # a fold without a model call (TextRank over a long history on a busy node)
 TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
@@ -311,7 +312,7 @@ class TurnRunner:
                 start = await self.backends.rpc.call("ctx.compact.turn_start", {
                     "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
                     "settings": {**compaction, "maxMessages": cs.get("maxMessages")}},
-                    timeout=self.compaction_timeout_s)
+                    timeout=self._compaction_timeout(cs))
             except RemoteError as exc:
                 if not transient(exc):
                     raise
@@ -574,6 +575,14 @@ class TurnRunner:
             return box.spec(name)
         return None
 
+    def _compaction_timeout(self, settings: dict[str, Any]) -> float:
+        """Sized per call: a fold by a summarizer without a model (extractive, masking) takes moments, so a
+        compaction replica that died with the request costs little before the in-process fit; an llm fold (or the
+        service's default, unknown here) may take a model call's time."""
+        if settings.get("summarizer") in ("extractive", "masking"):
+            return min(self.compaction_timeout_s, FAST_COMPACTION_TIMEOUT_S)
+        return self.compaction_timeout_s
+
     async def _turn_start_fallback(self, conversation_id: str, user_message_id: str, cs: dict[str, Any],
                                    why: str) -> dict[str, Any]:
         """What ctx.compact.turn_start would serve, without compaction: the turn-start window of the history
@@ -616,7 +625,7 @@ class TurnRunner:
             reply = await self.backends.rpc.call("ctx.compact.in_loop", {
                 "conversationId": conversation_id, "turnId": turn_id, "step": step, "offset": offset,
                 "messages": full[offset:], "checkpoint": checkpoint, "retained": retained, "fixedTokens": fixed,
-                "settings": settings}, timeout=self.compaction_timeout_s)
+                "settings": settings}, timeout=self._compaction_timeout(settings))
         except RemoteError as exc:
             # compaction unavailable: the candidate as the last checkpoint has it, fitted to the window in-process
             # (masking, excerpts, oldest groups dropped) — never a request the provider would refuse. The
