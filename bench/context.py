@@ -75,6 +75,7 @@ PEERS = ("raw", "lc_trim", "lc_clear_default", "lc_clear_0.8W", "deepagents_evic
 TURN_TIMEOUT_S = 600.0
 STAND_IN_MODEL = "bench-stand-in-summarizer"
 MAX_LINK_READS = 400
+READ_RETRIES = 3
 
 DEFINITIONS = {
     "steps_over_window": "requests whose tokens exceed W (request tokens = 3 + Σ per message (3 + role + content "
@@ -552,6 +553,7 @@ class Ctxbuild:
         failed: list[dict[str, Any]] = []
         last_turn = None
         raw_by_step: list[dict[str, Any]] = []
+        turn_start: list[str] = []  # each turn's turn-start decision, in order
         for j, (text, script) in enumerate(run.turns):
             provider = {"kind": "replay", "script": script, "tools": run.tools}
             r = await self.http.post(f"/v1/conversations/{cid}/turns",
@@ -573,8 +575,9 @@ class Ctxbuild:
                     decisions[key] = decisions.get(key, 0) + 1
                     if isinstance(d.get("step"), int):
                         folded.add(d["step"])
-                    elif d.get("phase") == "turn-start" and d.get("status") == "done":
-                        start_fold = True
+                    elif d.get("phase") == "turn-start":
+                        turn_start.append(f"{d.get('status')}:{d.get('summarizer') or d.get('reason')}")
+                        start_fold = start_fold or d.get("status") == "done"
                 elif e["type"] == "InLoopFoldRecorded" and isinstance(d.get("step"), int):
                     folded.add(d["step"])
                 elif e["type"] == "StepServed":
@@ -603,10 +606,18 @@ class Ctxbuild:
         links = find_links(request_texts(reqs[-1]), self.pattern) if reqs else []
         # a link inside a text read back (a fold's transcript names the outputs it holds as markers) is one more
         # fs_read for the model: followed too, breadth-first, up to MAX_LINK_READS reads
-        queue, seen, nested = list(links), set(links), 0
+        queue, seen, nested, retried = list(links), set(links), 0, 0
         while queue and len(readback) + len(unreadable) < MAX_LINK_READS:
             uri = queue.pop(0)
             text, err = await self.read_back(cid, uri)
+            for _ in range(READ_RETRIES):
+                if text is not None:
+                    break
+                # references are recorded asynchronously (the persist lane's projector): a model would read a
+                # few seconds after it was served, so a refused read is tried again after a pause
+                await asyncio.sleep(1.0)
+                text, err = await self.read_back(cid, uri)
+                retried += text is not None
             if text is None:
                 unreadable.append(f"{uri}: {err}")
                 continue
@@ -621,9 +632,10 @@ class Ctxbuild:
         sr = StrategyRun(reqs, compacted, readback=readback, links=len(seen), links_unreadable=len(unreadable),
                          llm_tokens=llm["input_tokens"] + llm["output_tokens"])
         info = {"conversationId": cid, "lastTurnId": last_turn, "failedTurns": failed,
-                "compactionDecisions": dict(sorted(decisions.items())), "summarizerLlm": llm,
+                "compactionDecisions": dict(sorted(decisions.items())), "turnStartDecisions": turn_start,
+                "summarizerLlm": llm,
                 "linksInLastRequest": len(links), "linksFoundInReadBacks": nested, "linksRead": len(readback),
-                "linksNotFollowed": len(queue), "unreadableLinks": unreadable[:10]}
+                "linksNotFollowed": len(queue), "linksReadOnARetry": retried, "unreadableLinks": unreadable[:10]}
         return sr, info
 
     async def read_back(self, cid: str, uri: str) -> tuple[str | None, str | None]:
