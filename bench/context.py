@@ -10,7 +10,8 @@ already compacted by its own harness, not one of the four formats). Windows W = 
 
 Full history: the run's messages with every tool output in full, as the replay loaders of
 ctxbuild_providers.trajectories (and bench/e2e_metrics.storm_turns) read them: one user message per turn, each
-model call an assistant message (text, tool calls with ids ``call_<turn>_<step>_<i>``), each output a tool message.
+model call an assistant message (text, tool calls with the recorded ids, else ``call_<turn>_<step>_<i>``), each
+output a tool message.
 mini-swe-agent outputs are ``extra.raw_output`` rendered through the run's ``observation_template`` with its
 10,000-char cut disabled. Every strategy gets the same system message: the one ctxbuild serves (ctxbuild cannot
 be given the run's own system prompt, so nobody is).
@@ -20,7 +21,7 @@ Strategies:
   run, window and summarizer (settings ``contextWindow``, ``summarizer``), each turn replayed through the edge
   (replay provider, recorded decisions and FULL outputs). Requests are the real served ones
   (GET …/steps/{n}/request), converted with the product's OpenAI adapter (``to_wire_messages``); replayed call
-  ids are mapped back to ``call_<turn>_<step>_<i>``. The llm summarizer talks to a deterministic local stand-in
+  ids are mapped back to the recorded ones (``call_<turn>_<step>_<i>`` where a run has none). The llm summarizer talks to a deterministic local stand-in
   speaking OpenAI's wire format (its ``<summary>`` is ~10% of its input, 200..800 tokens, made of lines of the
   input); its input and output tokens (cl100k, same counter) go into cache_adjusted_cost at 1.25. Links: every
   ``context://vfs/…`` URI in the last request, read back through ``ctx.blob.fs_read`` over NATS (paged,
@@ -110,7 +111,7 @@ NOTES = [
     ("A link found inside a read-back text is followed too (one more fs_read for the model), up to "
     f"{MAX_LINK_READS} reads per cell."),
     ("Every strategy is given the system message ctxbuild served at its first step; recorded system prompts are "
-    "not replayed (ctxbuild cannot be given them). Call ids are call_<turn>_<step>_<i> for every strategy."),
+    "not replayed (ctxbuild cannot be given them). Call ids are the recorded ones (call_<turn>_<step>_<i> where a run has none) for every strategy."),
     ("32-char windows are compared verbatim: an output shown in another JSON layout (e.g. with ', ' separators) "
     "only counts where its windows still match."),
 ]
@@ -127,6 +128,20 @@ class Run:
     messages: list[dict[str, Any]] = field(default_factory=list)  # full history, wire form, no system
     step_at: list[int] = field(default_factory=list)  # index in messages of the k-th assistant message
     outputs: list[str] = field(default_factory=list)  # every tool output of the run, as shown to the model
+    recorded_ids: list[str] = field(default_factory=list)  # the run's own call ids, in call order (if complete)
+
+    def call_id(self, turn: int, step: int, i: int) -> str:
+        """The recorded id of call i of step ``step`` of turn ``turn`` (all 1-based but turn), else
+        ``call_<turn>_<step>_<i>``."""
+        if self.recorded_ids:
+            if self._order is None:
+                self._order = {(j, k, n): x for x, (j, k, n) in enumerate(
+                    (j, k, n) for j, (_, script) in enumerate(self.turns)
+                    for k, st in enumerate(script, 1) for n in range(1, len(st.get("toolCalls") or []) + 1))}
+            return self.recorded_ids[self._order[(turn, step, i)]]
+        return canonical_id(turn, step, i)
+
+    _order: dict[tuple[int, int, int], int] | None = None
 
     @property
     def task(self) -> str:
@@ -153,7 +168,7 @@ def build_history(run: Run) -> None:
             a: dict[str, Any] = {"role": "assistant", "content": step.get("text") or None}
             calls = step.get("toolCalls") or []
             if calls:
-                a["tool_calls"] = [{"id": canonical_id(j, k, i), "type": "function", "function": {
+                a["tool_calls"] = [{"id": run.call_id(j, k, i), "type": "function", "function": {
                     "name": c["toolName"],
                     "arguments": json.dumps(c.get("input", {}), ensure_ascii=False, separators=(",", ":"))}}
                     for i, c in enumerate(calls, 1)]
@@ -162,7 +177,7 @@ def build_history(run: Run) -> None:
                 if "output" in c:
                     text_out = output_text(c["output"])
                     run.outputs.append(text_out)
-                    msgs.append({"role": "tool", "tool_call_id": canonical_id(j, k, i), "content": text_out})
+                    msgs.append({"role": "tool", "tool_call_id": run.call_id(j, k, i), "content": text_out})
     run.messages = msgs
 
 
@@ -195,6 +210,44 @@ def mini_swe_full_outputs(path: Path, run: Run) -> None:
                     pending = next(it, None)
 
 
+def recorded_calls(path: Path, fmt: str, episode: int) -> list[tuple[str, str, Any]]:
+    """(id, tool name, arguments) of the calls a run recorded, in order (demonstrations skipped)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    msgs = doc[episode]["traj"] if fmt == "tau-bench" else doc.get("history") if fmt == "swe-agent" \
+        else doc.get("messages")
+    out: list[tuple[str, str, Any]] = []
+    for m in msgs or []:
+        if m.get("role") == "assistant" and not m.get("is_demo"):
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function") or {}
+                args = fn.get("arguments")
+                try:
+                    args = json.loads(args) if isinstance(args, str) else args
+                except json.JSONDecodeError:
+                    pass
+                out.append((c.get("id") or "", fn.get("name") or "", args))
+    return out
+
+
+def attach_recorded_ids(run: Run, recorded: list[tuple[str, str, Any]]) -> None:
+    """Use the recorded ids when every replayed call finds its recorded call, in order (same tool, same
+    arguments; recorded calls the replay dropped — e.g. a final submit whose result was never recorded — are
+    skipped), and the ids are distinct."""
+    ids: list[str] = []
+    it = iter(recorded)
+    for _, script in run.turns:
+        for st in script:
+            for c in st.get("toolCalls") or []:
+                for rid, name, args in it:
+                    if name == c["toolName"] and args == c.get("input", {}):
+                        ids.append(rid)
+                        break
+                else:
+                    return
+    if all(ids) and len(set(ids)) == len(ids):
+        run.recorded_ids = ids
+
+
 def discover(root: Path) -> tuple[list[Run], list[dict[str, str]]]:
     from ctxbuild_providers.trajectories import TrajectoryError, episode_count, load_trajectory
     from e2e_metrics import WEB_SEARCH_TOOL, storm_turns
@@ -220,6 +273,7 @@ def discover(root: Path) -> tuple[list[Run], list[dict[str, str]]]:
                 run = Run(t.name, t.format, t.tools, [(x.text, x.script) for x in t.turns])
                 if t.format == "mini-swe-agent":
                     mini_swe_full_outputs(path, run)
+                attach_recorded_ids(run, recorded_calls(path, t.format, e))
                 if run.turns:
                     runs.append(run)
         except TrajectoryError as exc:
@@ -584,7 +638,7 @@ class Ctxbuild:
                     calls = [p for p in (d.get("assistantMessage") or {}).get("parts") or []
                              if p.get("type") == "tool-call"]
                     for i, p in enumerate(calls, 1):
-                        idmap[p["toolCallId"]] = canonical_id(j, d["step"], i)
+                        idmap[p["toolCallId"]] = run.call_id(j, d["step"], i)
             steps = sorted(e["data"]["step"] for e in events if e["type"] == "StepServed")
             for k in steps:
                 body = json.loads((await self.http.get(
