@@ -326,6 +326,9 @@ async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, rpc):
     assert r.status_code == 202 and r.json()["status"] == "aborted", r.text
     stored = await rpc.call("ctx.persist.read_stream", {"streamId": f"turn:{tid}", "fromVersion": 1})
     assert [e["type"] for e in stored["events"]] == ["TurnFailed"]
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
+        again = await http.post(f"{edge.url}/v1/conversations/{cid}/turns/{tid}/abort")
+    assert again.status_code == 409 and again.json()["code"] == "conflict"
     nxt = start_turn(edge.url, cid, "next", [{"text": "free again"}])
     assert [e["type"] for e in terminal(wait_for(edge.url, cid, nxt, terminal))] == ["TurnCompleted"]
 

@@ -69,7 +69,7 @@ def decode_request(raw: bytes) -> Any:
     except RecursionError as exc:
         raise InvalidPayload("payload nests too deeply to decode") from exc
     if (why := unprocessable(payload)) is not None:
-        raise InvalidPayload(f"payload refused: {why}")
+        raise InvalidPayload(f"payload cannot be stored or processed: {why}")
     return payload
 
 

@@ -569,7 +569,9 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         events = await backends.read_stream_all(f"turn:{turn_id}")
         st = fold(turn_id, events)
         if st.command is None or st.command.get("conversationId") != conversation_id:
-            if st.command is None and not st.done and await admitted_last(conversation_id, turn_id):
+            if st.command is None and await admitted_last(conversation_id, turn_id):
+                if st.done:
+                    raise ServiceError(f"turn {turn_id} already ended ({st.terminal['type']})", code="conflict")
                 # admitted, never queued (the edge failed in between): holds the lock until it ends
                 await backends.append(f"turn:{turn_id}", [aborted(turn_id, reason, "admitted, never queued")])
                 return {"turnId": turn_id, "status": "aborted"}
