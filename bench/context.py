@@ -62,6 +62,7 @@ from context_metrics import (
     add_ratios,
     content_text,
     find_links,
+    has_task,
     request_texts,
     strategy_metrics,
     uncut_template,
@@ -775,7 +776,14 @@ async def measure_ctxbuild(runs: list[Run], summarizers: list[str], windows: lis
     return out
 
 
-def main() -> None:
+def git(*argv: str) -> str | None:
+    try:
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return None
+
+
+def main() -> str | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "context.json")
     ap.add_argument("--data", type=Path, default=TRAJ, help="folder of recorded runs")
@@ -794,6 +802,8 @@ def main() -> None:
     if not console.is_terminal:
         console = Console(stderr=True, width=180)  # a log file: the whole table, not 80 columns
     t0 = time.perf_counter()
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--", "services", "libs")
     head: dict[str, Any] = {"benchmark": "context", "definitions": DEFINITIONS}
     if not args.data.is_dir():
         head["skipped"] = f"recorded runs absent ({args.data})"
@@ -845,7 +855,9 @@ def main() -> None:
                         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{r.name}-{w}-{s}")
                         (args.dump / f"{slug}.json").write_text(json.dumps(
                             {"last_request": sr.requests[-1] if sr.requests else None, "readback": sr.readback,
-                             "outputs": r.outputs}, ensure_ascii=False))
+                             "outputs": r.outputs, "task": r.task,
+                             "requests_without_task": {k + 1: q for k, q in enumerate(sr.requests)
+                                                       if not has_task(q, r.task)}}, ensure_ascii=False))
                     m = strategy_metrics(sr, task=r.task, window=w, outputs=r.outputs, tokens=tokens)
                     if len(sr.requests) != len(r.step_at):
                         m["step_count_mismatch"] = {"served": len(sr.requests), "recorded": len(r.step_at)}
@@ -892,11 +904,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         out["plots"] = plot(args.out.parent, out)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=False).stdout.strip()
-    except OSError:
-        commit = None
     import langchain
     import langchain_core
 
@@ -907,6 +914,7 @@ def main() -> None:
         da = None
     out["environment"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
                           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+                          "uncommittedProductChanges": [ln[3:] for ln in (dirty or "").splitlines()],
                           "tokenizer": ENCODING, "windows": args.windows,
                           "versions": {"langchain": langchain.__version__, "langchain-core": langchain_core.__version__,
                                        "deepagents": da}}
