@@ -41,7 +41,7 @@ from opentelemetry.propagate import extract
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
 from .adapters import content
-from .adapters.backends import Backends, patiently, transient
+from .adapters.backends import Backends, not_delivered, patiently, transient
 from .domain.arguments import argument_error, invalid_arguments_output
 from .domain.steps import tool_result
 from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
@@ -54,6 +54,7 @@ SYSTEM_PROMPT = (
     "<persisted-output> block; read the full text with fs_read when you need it."
 )
 COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
+TOOL_PATIENCE_S = 30.0  # a tool call's service away: retried this long before the model sees the error
 FAST_COMPACTION_TIMEOUT_S = 45.0  # a fold without a model call (TextRank over a long history on a busy node)
 TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
@@ -546,17 +547,25 @@ class TurnRunner:
                 log.info("tool-arguments-refused", turn_id=turn_id, tool=name, error=error)
                 return invalid_arguments_output(error), None
         try:
+            # reads are idempotent: retried while the blob store is away; a tool call only when it reached no one
+            # (no responders: nothing ran) — a timed-out call may have run, and a tool may not be idempotent
+            reads = unsent = min(self.backends.patience_s, TOOL_PATIENCE_S)
             if name == "read_file":
-                r = await self.backends.read_file(conversation_id, turn_id, args, box.retained)
+                r = await patiently(lambda: self.backends.read_file(conversation_id, turn_id, args, box.retained),
+                                    within_s=reads, what="read_file")
                 return {"type": "error-text" if "error" in r else "text", "value": r["modelText"]}, None
             if name == "fs_read":
-                r = await self.backends.fs_read(conversation_id, turn_id, args, box.retained)
+                r = await patiently(lambda: self.backends.fs_read(conversation_id, turn_id, args, box.retained),
+                                    within_s=reads, what="fs_read")
                 return {"type": "error-text" if r.get("kind") == "error" else "text", "value": r["modelText"]}, None
             if box.meta and name in META_TOOLS:
-                r = await self.backends.meta(turn_id, name, args, call["toolCallId"])
+                r = await patiently(lambda: self.backends.meta(turn_id, name, args, call["toolCallId"]),
+                                    within_s=unsent, what=name, when=not_delivered)
                 return r["output"], r.get("effectiveToolName")
             if name in box.mcp_ids:
-                return (await self.backends.invoke(name, args, call["toolCallId"]))["output"], None
+                r = await patiently(lambda: self.backends.invoke(name, args, call["toolCallId"]),
+                                    within_s=unsent, what=name, when=not_delivered)
+                return r["output"], None
             if self.web_tools is not None and box.spec(name) is not None:
                 out = await self.web_tools.execute(name, args)
                 if out is not None:

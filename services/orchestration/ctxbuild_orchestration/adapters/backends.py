@@ -24,9 +24,16 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, RemoteError) and bool(exc.retryable) and exc.code not in NOT_TRANSIENT
 
 
-async def patiently(call: Callable[[], Awaitable[T]], *, within_s: float, what: str) -> T:
-    """``call`` retried with jittered exponential backoff (0.25 s → 5 s) while it fails transiently, for at most
-    ``within_s``; then the last failure. Only for idempotent calls (appends by event id, reads)."""
+def not_delivered(exc: BaseException) -> bool:
+    """The request reached no one (no responders): nothing ran, so even a non-idempotent call may be sent again."""
+    return isinstance(exc, RemoteError) and exc.code == "unavailable" and exc.remote_message == "no responders"
+
+
+async def patiently(call: Callable[[], Awaitable[T]], *, within_s: float, what: str,
+                    when: Callable[[BaseException], bool] = transient) -> T:
+    """``call`` retried with jittered exponential backoff (0.25 s → 5 s) while it fails transiently (``when``),
+    for at most ``within_s``; then the last failure. Only for idempotent calls (appends by event id, reads), or
+    with ``when=not_delivered``."""
     if within_s <= 0:
         return await call()
 
@@ -35,7 +42,7 @@ async def patiently(call: Callable[[], Awaitable[T]], *, within_s: float, what: 
         log.warning("retrying", what=what, attempt=state.attempt_number, error=str(exc)[:200],
                     retry_in_s=round(state.next_action.sleep, 2) if state.next_action else None)
 
-    async for attempt in AsyncRetrying(retry=retry_if_exception(transient), stop=stop_after_delay(within_s),
+    async for attempt in AsyncRetrying(retry=retry_if_exception(when), stop=stop_after_delay(within_s),
                                        wait=wait_exponential_jitter(initial=0.25, max=5.0), reraise=True,
                                        before_sleep=waiting):
         with attempt:
