@@ -43,6 +43,8 @@ def report(record: dict[str, Any]) -> dict[str, Any]:
             "lost": r.get("lost", 0) + r.get("bad_terminal", 0) + r.get("duplicates", 0),
             "duplicate_tool_runs": r.get("duplicate_tool_runs", 0), "over_window": r.get("over_window", 0),
             "orphans": r.get("orphans", 0), "steps_checked": r.get("steps_checked", 0),
+            "cli_follow_failures": r.get("cli_follow_failures", 0),
+            "degraded_tool_results": r.get("degraded_results", 0), "longest_pause_s": r.get("longest_pause_s"),
             "passed": bool(r.get("passed")), "seconds": r.get("seconds"),
             "points": [{k: i.get(k) for k in ("afterStep", "midTurn", "outage_s")} for i in r.get("injections") or []],
             "symptoms": r.get("symptoms") or [],
@@ -77,11 +79,12 @@ def report(record: dict[str, Any]) -> dict[str, Any]:
 
 def table(doc: dict[str, Any]) -> str:
     head = f"{'fault':<12} {'inj':>3} {'turns':>5} {'stuck':>5} {'lost':>4} {'dupRun':>6} {'overWin':>7} " \
-           f"{'orph':>4}  result"
+           f"{'orph':>4} {'degr':>4} {'pause':>6} {'secs':>5}  result"
     lines = [head]
     for p in doc["faults"].values():
         lines.append(f"{p['fault']:<12} {p['injections']:>3} {p['turns']:>5} {p['stuck']:>5} {p['lost']:>4} "
-                     f"{p['duplicate_tool_runs']:>6} {p['over_window']:>7} {p['orphans']:>4}  "
+                     f"{p['duplicate_tool_runs']:>6} {p['over_window']:>7} {p['orphans']:>4} "
+                     f"{p['degraded_tool_results']:>4} {p['longest_pause_s'] or 0:>6} {p['seconds'] or 0:>5}  "
                      f"{'pass' if p['passed'] else 'FAIL'}")
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -82,19 +83,33 @@ class Verdict:
     orphans: int = 0
     over_window: int = 0
     bad_terminal: int = 0
+    follow_failures: int = 0  # the CLI's event follow did not end on the terminal event with every event once
     steps: int = 0
+    # diagnostics, not failures: tool results that read as errors where the fault-free run's did not (a tool call
+    # lost to the fault and answered "[Error: …]"), and the longest pause between two events of a turn
+    degraded_results: int = 0
+    longest_pause_s: float = 0.0
     symptoms: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.stuck or self.lost or self.duplicates or self.duplicate_tool_runs or self.orphans
-                    or self.over_window or self.bad_terminal)
+                    or self.over_window or self.bad_terminal or self.follow_failures)
 
     def add(self, other: Verdict) -> None:
         for name in ("stuck", "lost", "duplicates", "duplicate_tool_runs", "orphans", "over_window",
-                     "bad_terminal", "steps"):
+                     "bad_terminal", "follow_failures", "steps", "degraded_results"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.longest_pause_s = max(self.longest_pause_s, other.longest_pause_s)
         self.symptoms.extend(other.symptoms)
+
+
+def longest_pause(events: Sequence[Mapping[str, Any]]) -> float:
+    """The longest time between two consecutive events of a turn (recordedAt), in seconds."""
+    from datetime import datetime
+
+    stamps = [datetime.fromisoformat(e["recordedAt"]) for e in events if e.get("recordedAt")]
+    return round(max(((b - a).total_seconds() for a, b in pairwise(stamps)), default=0.0), 1)
 
 
 def check_turn(baseline: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]] | None,
@@ -129,6 +144,18 @@ def check_turn(baseline: Sequence[Mapping[str, Any]], events: Sequence[Mapping[s
         v.symptoms.append(f"{label}: {reruns} tool run(s) repeated: "
                           f"{sorted(k for k, n in tool_runs.items() if n > 1)[:4]}")
     v.duplicate_tool_runs = reruns + results_twice
+    errors = {call_key(str(e["data"].get("toolCallId"))) for e in events if e["type"] == "ToolResultRecorded"
+              and str((e["data"].get("output") or {}).get("type", "")).startswith("error")}
+    ref_errors = {call_key(str(e["data"].get("toolCallId"))) for e in baseline if e["type"] == "ToolResultRecorded"
+                  and str((e["data"].get("output") or {}).get("type", "")).startswith("error")}
+    degraded = sorted(errors - ref_errors)
+    if degraded:
+        v.degraded_results = len(degraded)
+        first = next(e for e in events if e["type"] == "ToolResultRecorded"
+                     and call_key(str(e["data"].get("toolCallId"))) == degraded[0])
+        v.symptoms.append(f"{label} (diagnostic): {len(degraded)} tool result(s) became errors, e.g. call "
+                          f"{degraded[0]}: {str(first['data']['output'].get('value'))[:160]}")
+    v.longest_pause_s = longest_pause(events)
     v.steps = len(requests)
     for step, req in sorted(requests.items()):
         o = orphans(req.get("messages") or [])
