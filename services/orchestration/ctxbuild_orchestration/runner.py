@@ -456,9 +456,10 @@ class TurnRunner:
         mcp_tools: list[dict[str, Any]] = []
         wire: dict[str, Any] | None = None
         if cs.get("mcpMode", "manual") != "disabled" and (cs.get("mcpServers") or cs.get("mcpMode") == "auto"):
-            resolved = await self.backends.resolve_tools(cs.get("mcpMode", "manual"), cs.get("mcpServers", []),
-                                                         dialect=dialect_of(provider),
-                                                         context_window=cs.get("contextWindow"), turn_id=turn_id)
+            resolved = await patiently(lambda: self.backends.resolve_tools(
+                cs.get("mcpMode", "manual"), cs.get("mcpServers", []), dialect=dialect_of(provider),
+                context_window=cs.get("contextWindow"), turn_id=turn_id),
+                within_s=min(self.backends.patience_s, TOOL_PATIENCE_S), what="mcp resolve")  # idempotent
             mcp_tools, wire = resolved["tools"], resolved.get("wire")
         extra: list[ToolSpec] = []
         if self.web_tools is not None and cs.get("webTools", True):
