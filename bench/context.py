@@ -63,6 +63,7 @@ from context_metrics import (
     content_text,
     find_links,
     has_task,
+    match_recorded_ids,
     request_texts,
     strategy_metrics,
     uncut_template,
@@ -231,22 +232,9 @@ def recorded_calls(path: Path, fmt: str, episode: int) -> list[tuple[str, str, A
 
 
 def attach_recorded_ids(run: Run, recorded: list[tuple[str, str, Any]]) -> None:
-    """Use the recorded ids when every replayed call finds its recorded call, in order (same tool, same
-    arguments; recorded calls the replay dropped — e.g. a final submit whose result was never recorded — are
-    skipped), and the ids are distinct."""
-    ids: list[str] = []
-    it = iter(recorded)
-    for _, script in run.turns:
-        for st in script:
-            for c in st.get("toolCalls") or []:
-                for rid, name, args in it:
-                    if name == c["toolName"] and args == c.get("input", {}):
-                        ids.append(rid)
-                        break
-                else:
-                    return
-    if all(ids) and len(set(ids)) == len(ids):
-        run.recorded_ids = ids
+    calls = [(c["toolName"], c.get("input", {})) for _, script in run.turns for st in script
+             for c in st.get("toolCalls") or []]
+    run.recorded_ids = match_recorded_ids(calls, recorded) or []
 
 
 def discover(root: Path) -> tuple[list[Run], list[dict[str, str]]]:

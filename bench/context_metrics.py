@@ -96,6 +96,23 @@ def uncut_template(template: str) -> str:
     return re.sub(r"(output\.output\s*\|\s*length\s*<\s*)\d+", r"\g<1>1000000000000000", template)
 
 
+def match_recorded_ids(calls: Sequence[tuple[str, Any]], recorded: Sequence[tuple[str, str, Any]]
+                       ) -> list[str] | None:
+    """The recorded id of each replayed call ``(tool, input)``: every call finds its recorded ``(id, tool, input)``
+    in order (recorded calls the replay dropped — e.g. a final submit whose result was never recorded — are
+    skipped). None when one is not found, an id is empty, or ids repeat (then they cannot name one call each)."""
+    ids: list[str] = []
+    it = iter(recorded)
+    for name, args in calls:
+        for rid, rname, rargs in it:
+            if rname == name and rargs == args:
+                ids.append(rid)
+                break
+        else:
+            return None
+    return ids if all(ids) and len(set(ids)) == len(ids) else None
+
+
 # ---------------------------------------------------------------- per-request checks
 
 def has_task(msgs: Sequence[Message], task: str) -> bool:

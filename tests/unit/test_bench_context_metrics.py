@@ -21,6 +21,7 @@ from context_metrics import (
     extends,
     find_links,
     has_task,
+    match_recorded_ids,
     orphans,
     recoverable,
     strategy_metrics,
@@ -172,3 +173,12 @@ def test_uncut_template_disables_only_the_length_cut():
     assert "output.output | length < 1000000000000000" in out
     assert out.replace("1000000000000000", "10000") == tpl
     assert uncut_template("no cut here {{ output.output }}") == "no cut here {{ output.output }}"
+
+
+def test_recorded_ids_follow_the_replayed_calls_in_order():
+    rec = [("a", "bash", {"command": "ls"}), ("b", "bash", {"command": "cat x"}), ("c", "submit", {})]
+    assert match_recorded_ids([("bash", {"command": "ls"}), ("bash", {"command": "cat x"})], rec) == ["a", "b"]
+    assert match_recorded_ids([("bash", {"command": "cat x"})], rec) == ["b"]  # a dropped call is skipped
+    assert match_recorded_ids([("bash", {"command": "pwd"})], rec) is None
+    assert match_recorded_ids([("bash", {"command": "ls"}), ("bash", {"command": "ls"})],
+                              [("a", "bash", {"command": "ls"}), ("a", "bash", {"command": "ls"})]) is None
