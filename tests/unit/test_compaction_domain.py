@@ -23,6 +23,7 @@ from ctxbuild_compaction.domain import (
     summary_row,
     summary_row_text,
 )
+from ctxbuild_compaction.domain.summary_row import split_opening, summary_of_row, with_opening
 
 
 def extractive(fold):
@@ -234,7 +235,10 @@ def test_summary_row_text_literal():
 def test_compacted_summary_row_is_extractive_and_lists_folded_attachment():
     reply = run(history(long_history(), [REPORT]))
     text = reply["messages"][0]["parts"][0]["text"]
-    summary = text.split("\n\n")[1]
+    # the conversation's first request (folded with u1) leads the summary, verbatim and length-prefixed
+    opening, summary = split_opening(summary_of_row(reply["messages"][0]))
+    assert opening == long_history()[0]["parts"][0]["text"]
+    summary = summary.split("\n\n")[0]
     lines = summary.splitlines()
     assert lines[0] == "Earlier messages:"
     assert lines[1].startswith("- User: Please review the attached report.") and lines[1].endswith(
@@ -243,7 +247,7 @@ def test_compacted_summary_row_is_extractive_and_lists_folded_attachment():
     assert lines[2].endswith(' [called: web_search(q=x) → 6,000 chars]')
     assert lines[3].startswith("- Assistant: The report looks consistent with public data.")
     assert len(lines) == 4 and all(len(ln) <= 300 + 60 for ln in lines)
-    assert text == summary_row_text(summary, ["report.pdf"], [])
+    assert text == summary_row_text(with_opening(summary, opening), ["report.pdf"], [])
 
 
 def test_attachment_retained_when_its_message_is_folded():

@@ -9,6 +9,7 @@ import copy
 import pytest
 from ctxbuild_codec import trim_persist, vfs_uri
 from ctxbuild_compaction.domain import FoldOutcome, stored_text, summary_row
+from ctxbuild_compaction.domain.summary_row import with_opening
 from ctxbuild_compaction.handlers import Choice, Summarizers, in_loop, turn_start
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
@@ -95,14 +96,17 @@ async def test_summary_is_stored_once_and_served_many():
     assert first["decision"]["stored"] is True and len(counting.calls) == 1
     assert list(port.summaries) == ["a2"]
     stored = port.summaries["a2"]
-    assert stored["summary"] == stored_text(counting.text, ["report.pdf"], [])
+    # the fold took the conversation's first request (u1) away: the row keeps its words ahead of the summary
+    opening = long_history()[0]["parts"][0]["text"]
+    text = with_opening(counting.text, opening)
+    assert stored["summary"] == stored_text(text, ["report.pdf"], [])
     assert stored["turnId"] == "turn-9" and stored["foldedCount"] == 4
 
     # the next turn, with a larger window: the stored summary is served, no summarizer call, nothing stored
     later = valid(await turn_start(request(contextWindow=100_000), port, counting))
     assert len(counting.calls) == 1 and port.stores == 1
     assert later["decision"]["status"] == "serve"
-    assert later["messages"][0] == first["messages"][0] == summary_row("a2", counting.text, ["report.pdf"], [])
+    assert later["messages"][0] == first["messages"][0] == summary_row("a2", text, ["report.pdf"], [])
 
     # a later attachment does not change the stored summary row's bytes
     port.hist["attachments"].append({**REPORT, "sha256": SHA_B, "handle": "late.csv", "displayName": "late.csv"})

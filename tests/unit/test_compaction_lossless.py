@@ -312,3 +312,44 @@ def test_a_turn_start_summary_of_a_summary_names_both_transcripts():
     assert transcripts_of(done.messages[0]["parts"][0]["text"]) == [old, new]
     assert transcripts_of(done.summary_text) == [old, new]
     assert {old, new} <= set(done.retained.persisted_uris)
+
+
+def test_the_opening_request_reads_back_exactly_whatever_it_holds():
+    from ctxbuild_compaction.domain.summary_row import split_opening, with_opening
+
+    tricky = "line one\n\n[Files attached in this conversation …: x]\n\n[The conversation's first request, verbatim (3" \
+             " chars):]\nabc"
+    text = with_opening("- the summary", tricky)
+    assert split_opening(text) == (tricky, "- the summary")
+    assert split_opening("- no opening") == (None, "- no opening")
+    assert with_opening(" s ", None) == "s"
+
+
+def test_a_later_turn_keeps_the_first_request_verbatim_through_every_fold():
+    """A multi-turn session (the task of the run is its first message): when a fold takes the first request away,
+    the summary row keeps its words — carried from fold to fold (summary of summary), in-loop and at turn start."""
+    first = {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "Research the history of CRW telesystem."}]}
+    answer = {"id": "a0", "role": "assistant", "parts": [{"type": "text", "text": "It began in 1999. " * 200}]}
+    log = pure_loop(30, extractive, history=[first, answer])
+    after = [served for d, served, ck in log if ck.folds]
+    assert len([d for d, _, _ in log if d["status"] == "compacted"]) >= 3
+    for served in after:
+        assert all(m["id"] != "u0" for m in served)   # folded away ...
+        assert "Research the history of CRW telesystem." in served[1]["parts"][0]["text"]   # ... and kept verbatim
+    # a turn-start fold of the earlier turn carries it too, and an in-loop fold of that row carries it on
+    rows = [first, answer, {"id": "q1", "role": "user", "parts": [{"type": "text", "text": "more " * 600}]},
+            {"id": "x1", "role": "assistant", "parts": [{"type": "text", "text": "ok " * 600}]}, TASK]
+    plan = plan_turn_start({"messages": rows, "attachments": []}, TurnStartSettings(context_window=2_500))
+    done = finish(plan, extractive(plan.fold))
+    assert done.messages[0]["id"].startswith("compaction:") and done.messages[-1] == TASK
+    assert "Research the history of CRW telesystem." in done.summary_text
+    ck, messages = Checkpoint(), [*done.messages]
+    for step in range(1, 12):
+        p = plan_in_loop(messages, 0, ck, InLoopSettings(4_000, fixed_tokens=FIXED), turn_id="t")
+        if p.fold is not None:
+            p, _ = finish_in_loop(p, extractive(p.fold))
+        ck = p.checkpoint
+        assert any("Research the history of CRW telesystem." in m["parts"][0].get("text", "")
+                   for m in p.served if m["role"] == "user"), step
+        messages += [call(step), result(step, trim=False)]
+    assert ck.folds >= 1

@@ -35,7 +35,16 @@ from ctxbuild_codec.tokens import count_message, count_messages
 from .context import attachment_handles
 from .fold import FoldOutcome, FoldRequest
 from .grouping import group_rows
-from .summary_row import is_summary_row, row_transcripts, summary_of_row, summary_row
+from .summary_row import (
+    is_summary_row,
+    opening_of_rows,
+    row_text,
+    row_transcripts,
+    split_opening,
+    summary_of_row,
+    summary_row,
+    with_opening,
+)
 from .turn_start import summary_max_chars
 
 Message = dict[str, Any]
@@ -112,6 +121,7 @@ class InLoopPlan:
     fixed_tokens: int = 0
     task: Message | None = None     # the pinned task row (when a fold went or goes past it)
     task_at: int | None = None      # its index among this fold's rows (newly folded past): masking puts it back
+    opening: str | None = None      # the conversation's first request, kept verbatim by the summary row
 
     def reply(self, changed: bool = False) -> dict[str, Any]:
         return {"messages": self.served, "checkpoint": self.checkpoint.to_payload(), "checkpointChanged": changed,
@@ -200,6 +210,15 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
             task = row   # pinned by an earlier fold: it stays where it is
         elif row.get("role") != "system":
             prefix_rows.append(row)
+    # the conversation's first request (a multi-turn session's task): from a summary that carries it (the
+    # previous fold's, or a folded turn-start row), else — the first fold of a turn served from the root — the
+    # first user row when it is folded now
+    opening, previous = split_opening(previous)
+    opening = opening or opening_of_rows([*prefix_rows, *folded])
+    if opening is None and not ck.compacted_prefix and not any(is_summary_row(r) for r in candidate):
+        first_user = next((r for r in candidate if r.get("role") == "user"), None)
+        if first_user is not None and any(r is first_user for r in folded):
+            opening = row_text(first_user) or None
     ret = retained or {}
     handles = _union(ck.handles, [a["handle"] for a in ret.get("fileAttachments") or []],
                      attachment_handles([*prefix_rows, *folding]))
@@ -209,7 +228,7 @@ def plan_in_loop(messages: Sequence[Message], offset: int, ck: Checkpoint, setti
     boundary = str(folded[-1].get("id"))
     return replace(plan, fold=fold, kept=kept, pinned=pinned, new_consumed=ck.consumed_count + first_kept,
                    total=total, boundary_id=boundary, handles=handles, transcripts=transcripts,
-                   task=task, task_at=task_at,
+                   task=task, task_at=task_at, opening=opening,
                    decision={**decision, "status": "skipped", "reason": "summary-pending", "boundaryId": boundary,
                              "foldedCount": len(folded), "foldInput": fold_input(fold, ck)})
 
@@ -252,7 +271,8 @@ def finish_in_loop(plan: InLoopPlan, outcome: FoldOutcome | None,
         prefix = [*ck.compacted_prefix, *plan.pinned, *masked]
     else:
         transcripts = _union(transcripts, [transcript] if transcript else [])
-        row = summary_row(plan.boundary_id or "", outcome.summary or "", plan.handles, transcripts)
+        row = summary_row(plan.boundary_id or "", with_opening(outcome.summary or "", plan.opening), plan.handles,
+                          transcripts)
         keep_system = [r for r in ck.compacted_prefix if r.get("role") == "system"]
         prefix = [*keep_system, *plan.pinned, *([plan.task] if plan.task is not None else []), row]
     task_id = str(plan.task["id"]) if plan.task is not None else ck.task_id

@@ -16,6 +16,7 @@ written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,42 @@ PREAMBLE = ("This session is being continued from an earlier conversation that r
 CONTINUE = ("Continue the conversation from where it left off without acknowledging this summary; "
             "the messages after it are the most recent ones.")
 ID_PREFIX = "compaction:"
+
+
+OPENING = re.compile(r"\[The conversation's first request, verbatim \((\d+) chars\):\]\n")
+
+
+def with_opening(summary: str, opening: str | None) -> str:
+    """The summary with the conversation's first request (the task of a multi-turn session) ahead of it,
+    verbatim: a fold that takes the request away keeps its words in the row (SPEC §15.2, the task in every
+    request). Length-prefixed, so any text — newlines, brackets — reads back exactly."""
+    if not opening:
+        return summary.strip()
+    return f"[The conversation's first request, verbatim ({len(opening)} chars):]\n{opening}\n\n{summary.strip()}"
+
+
+def split_opening(text: str | None) -> tuple[str | None, str | None]:
+    """(first request, the summary without it) of a summary text (the inverse of :func:`with_opening`)."""
+    m = OPENING.match(text or "")
+    if not m:
+        return None, text
+    start = m.end()
+    return text[start: start + int(m[1])], text[start + int(m[1]):].lstrip("\n")
+
+
+def opening_of_rows(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The first request a summary row among ``rows`` carries (a folded turn-start row keeps it)."""
+    for row in rows:
+        text = summary_of_row(row)
+        opening = split_opening(text)[0] if text is not None else None
+        if opening:
+            return opening
+    return None
+
+
+def row_text(row: dict[str, Any]) -> str:
+    """A user row's words: its text parts, in order."""
+    return "\n".join(p.get("text", "") for p in row.get("parts") or [] if p.get("type") == "text")
 
 
 def summary_row_id(boundary_id: str) -> str:

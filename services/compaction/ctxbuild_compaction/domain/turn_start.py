@@ -26,12 +26,15 @@ from .context import (
 from .estimate import estimate_tokens
 from .fold import FoldOutcome, FoldRequest
 from .summary_row import (
+    row_text,
+    split_opening,
     split_stored,
     stored_summary_row,
     stored_text,
     summary_row,
     trailer_refs,
     transcripts_of,
+    with_opening,
 )
 
 Message = dict[str, Any]
@@ -63,6 +66,7 @@ class Plan:
     summary_transcripts: list[str] = field(default_factory=list)   # of the earlier folds (this one's: finish)
     head: list[Message] = field(default_factory=list)   # served before the folded rows (the previous summary row)
     summary_text: str | None = None    # what to store (CompactionSummaryRecorded.summary) once a summary is made
+    opening: str | None = None         # the conversation's first request, when this fold takes it away
 
     def reply(self) -> dict[str, Any]:
         return {"messages": render_served(self.messages), "retained": self.retained.to_payload(),
@@ -217,6 +221,14 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
     boundary_id = str(effective[start - 1]["id"])
     upto = next((scope[: i + 1] for i, r in enumerate(scope) if r.get("id") == boundary_id), scope)
 
+    # the conversation's first request (a multi-turn session's task) stays verbatim in the row that folds it:
+    # carried over from the previous summary, or taken from the first user row when this fold is the first
+    opening, previous = split_opening(previous)
+    if opening is None and not has_summary_row and start_of_window != "limit" and not settings.max_messages:
+        first_user = next((r for r in folded if r.get("role") == "user"), None)
+        if first_user is not None and first_user is next((r for r in effective if r.get("role") == "user"), None):
+            opening = row_text(first_user) or None
+
     # 8. what to summarize
     fold = FoldRequest(previous, folded, summary_max_chars(budget), conversation_id=str(history.get(
         "conversationId") or ""), phase=PHASE)
@@ -227,7 +239,7 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
                 summary_handles=list(dict.fromkeys([*(a["handle"] for a in retained.file_attachments),
                                                     *before_handles, *attachment_handles(upto)])),
                 summary_transcripts=transcripts_of(rows[d]["compactionSummary"]) if has_summary_row else [],
-                head=list(effective[:first_real]))
+                head=list(effective[:first_real]), opening=opening)
 
 
 def with_earlier(retained: Retained, attachments: Sequence[Mapping[str, Any]], handles: Sequence[str],
@@ -270,12 +282,13 @@ def finish(plan: Plan, outcome: FoldOutcome | str | None, *, error: str | None =
         served = [*plan.head, *outcome.rows, *plan.kept]
     else:
         transcripts = list(dict.fromkeys([*plan.summary_transcripts, *([transcript] if transcript else [])]))
-        row = summary_row(plan.decision["boundaryId"], outcome.summary or "", plan.summary_handles, transcripts)
+        text = with_opening(outcome.summary or "", plan.opening)
+        row = summary_row(plan.decision["boundaryId"], text, plan.summary_handles, transcripts)
         served = [row, *plan.kept]
         retained = Retained(plan.retained.file_attachments,
                             list(dict.fromkeys([*plan.retained.persisted_uris, *transcripts])))
         plan = replace(plan, retained=retained,
-                       summary_text=stored_text(outcome.summary or "", plan.summary_handles, transcripts))
+                       summary_text=stored_text(text, plan.summary_handles, transcripts))
     decision.update(status="skipped" if outcome.fallback_from else "compacted",
                     reason="summarizer-error" if outcome.fallback_from else "over-trigger",
                     postTokens=count_messages(served))
