@@ -434,13 +434,20 @@ def test_follow_gives_up_only_when_the_server_is_unreachable_max_retries_in_a_ro
         list(mock_client(handler).events("c", "t", sleep=lambda s: None))
 
 
-def test_follow_after_the_last_event_was_seen_ends_on_the_turn_log():
-    """The SSE endpoint answers 204 when the turn ended and Last-Event-ID is its last event."""
+def test_follow_ends_on_204_and_on_a_turn_log_that_ended():
+    """The SSE endpoint answers 204 when the turn ended and Last-Event-ID is its last event: nothing more to follow.
+    A stream that keeps ending empty while the turn log shows the turn ended (its terminal event seen) ends too."""
     def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(204)
+
+    assert list(mock_client(handler).events("c", "t", last_event_id=2, sleep=lambda s: None)) == []
+
+    def empty(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/events"):
-            return httpx.Response(204)
+            return httpx.Response(200, text="", headers={"content-type": "text/event-stream"})
         return httpx.Response(200, json={"status": "completed", "events": [
             {"type": "TurnQueued", "version": 1, "data": {}}, {"type": "TurnCompleted", "version": 2, "data": {}}]})
 
-    got = list(mock_client(handler).events("c", "t", last_event_id=1, sleep=lambda s: None))
+    assert list(mock_client(empty).events("c", "t", last_event_id=2, sleep=lambda s: None)) == []
+    got = list(mock_client(empty).events("c", "t", last_event_id=1, sleep=lambda s: None))
     assert [(e.type, e.id) for e in got] == [("TurnCompleted", 2)]

@@ -277,9 +277,9 @@ class Client:
         """The turn's events until its terminal one, however long the turn takes to come back from a fault.
 
         A dropped or timed-out stream is reopened with Last-Event-ID (the server resumes after it), so no event is
-        lost or repeated. Before reopening, the turn itself is read (GET …/turns/{id}): the events it holds past the
-        last one seen are yielded, and if the turn ended that is the end — a turn that completed while the stream
-        was down is reported as completed. There is no cap on reconnects while the server answers (an error status
+        lost or repeated. When an attempt brings no new event (the edge restarting, a backend away, a 5xx), the
+        turn itself is read (GET …/turns/{id}): the events it holds past the last one seen are yielded, and if the
+        turn ended that is the end — a turn that completed while the stream was down is reported as completed. There is no cap on reconnects while the server answers (an error status
         counts as an answer: the edge is up, its backends may be coming back) and the turn is not over; only
         `max_retries` attempts in a row in which the server could not be reached at all give up with
         ConnectionFailed. A missing turn or a refused credential is not retried (ApiError)."""
@@ -287,7 +287,7 @@ class Client:
         last, unreachable, attempt = last_event_id, 0, 0
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
-            reached = False
+            reached, progressed = False, False
             try:
                 with connect_sse(self.http, "GET", path, headers=headers, timeout=self.stream_timeout) as source:
                     reached = True
@@ -295,19 +295,18 @@ class Client:
                         source.response.read()
                         raise error_from_response(source.response)
                     if source.response.status_code == 204:  # the turn ended and every event was seen already
-                        cause = "the turn had ended"
-                    else:
-                        for sse in source.iter_sse():
-                            if not sse.data or not sse.id:  # keep-alives / comments carry no event
-                                continue
-                            event = Event(sse.event, int(sse.id), json.loads(sse.data))
-                            if last is not None and event.id <= last:
-                                continue  # a server that ignores Last-Event-ID must not make us repeat events
-                            last, attempt = event.id, 0
-                            yield event
-                            if event.terminal:
-                                return
-                        cause = "the stream ended before the turn did"
+                        return
+                    for sse in source.iter_sse():
+                        if not sse.data or not sse.id:  # keep-alives / comments carry no event
+                            continue
+                        event = Event(sse.event, int(sse.id), json.loads(sse.data))
+                        if last is not None and event.id <= last:
+                            continue  # a server that ignores Last-Event-ID must not make us repeat events
+                        last, attempt, progressed = event.id, 0, True
+                        yield event
+                        if event.terminal:
+                            return
+                    cause = "the stream ended before the turn did"
             except SSEError as exc:  # a 200 that is not an event stream: retrying will not change it
                 raise ApiError(200, "bad-response", str(exc), False, "GET", path) from exc
             except ApiError as exc:
@@ -323,22 +322,25 @@ class Client:
             except httpx.TransportError as exc:
                 reached = reached or isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError)
                 cause = f"{type(exc).__name__}: {exc}"
-            # the stream is gone: what does the turn itself say?
+            if progressed:
+                unreachable = 0
+                continue  # the stream was cut after new events: reopen it at once
+            # the stream brought nothing new: what does the turn itself say?
             try:
                 log = self.turn(cid, tid)
                 reached = True
-                done = False
+                ended = False
                 for e in log.get("events") or []:
                     version = int(e["version"])
+                    ended = ended or e["type"] in TERMINAL
                     if last is not None and version <= last:
                         continue
                     event = Event(e["type"], version, e.get("data") or {})
                     last, attempt = version, 0
                     yield event
                     if event.terminal:
-                        done = True
-                        break
-                if done:
+                        return
+                if ended:  # its terminal event was seen already
                     return
             except ApiError as exc:
                 if not exc.retryable:
