@@ -184,7 +184,7 @@ async def test_a_transcript_holds_offloaded_outputs_in_full_and_is_byte_stable()
     uri = await store.archive(rows, "conv", "t")
     text = blobs.text(uri)
     assert page(1) in text and page(2) in text   # both outputs in full
-    assert '[tool call c1] read_file {"filename": "export.log", "offset": 1}' in text
+    assert '[tool call c1] read_file {"filename":"export.log","offset":1}' in text   # compact, as on the wire
     assert text.startswith("### [1] user u1\nFind why the nightly export fails; the log is attached.\n"
                            "[file export.log] export.log (text/plain)\n### [2] assistant a1\nLet me look.\n")
     # owned by the turn as a tool output: not released with the turn's provisional blobs
@@ -353,3 +353,14 @@ def test_a_later_turn_keeps_the_first_request_verbatim_through_every_fold():
                    for m in p.served if m["role"] == "user"), step
         messages += [call(step), result(step, trim=False)]
     assert ck.folds >= 1
+
+
+def test_a_json_output_is_in_the_transcript_as_the_wire_shows_it():
+    items = [{"id": "e-1", "title": "Main", "url": "https://example.test/", "content": "snippet one"}]
+    rows = [{"id": "a1", "role": "assistant", "parts": [
+                {"type": "tool-call", "toolCallId": "c1", "toolName": "web_search", "input": {"query": "q"}}]},
+            {"id": "t1", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "c1", "toolName": "web_search",
+                                                   "output": {"type": "json", "value": items}}]}]
+    text = render_transcript(rows)
+    assert json.dumps(items, ensure_ascii=False, separators=(",", ":")) in text
+    assert '[tool call c1] web_search {"query":"q"}' in text

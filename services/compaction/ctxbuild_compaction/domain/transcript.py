@@ -13,7 +13,7 @@ Layout (line-oriented, so a pattern search finds a message header near any hit):
     <text>
     ### [2] assistant <id>
     <text>
-    [tool call <toolCallId>] <toolName> <input as JSON>
+    [tool call <toolCallId>] <toolName> <input as compact JSON>
     ### [3] tool <id>
     [tool result <toolCallId>] <toolName> (<output type>)
     <output text, in full>
@@ -39,7 +39,8 @@ def needs_full(part: Mapping[str, Any]) -> bool:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    # compact, as the provider adapters put JSON on the wire: the transcript holds the bytes the model was shown
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _output_text(output: Mapping[str, Any]) -> str:
