@@ -766,7 +766,7 @@ async def measure_ctxbuild(runs: list[Run], summarizers: list[str], windows: lis
 
 def git(*argv: str) -> str | None:
     try:
-        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False).stdout
     except OSError:
         return None
 
@@ -790,7 +790,7 @@ def main() -> str | None:
     if not console.is_terminal:
         console = Console(stderr=True, width=180)  # a log file: the whole table, not 80 columns
     t0 = time.perf_counter()
-    commit = git("rev-parse", "--short", "HEAD")
+    commit = (git("rev-parse", "--short", "HEAD") or "").strip() or None
     dirty = git("status", "--porcelain", "--", "services", "libs")
     head: dict[str, Any] = {"benchmark": "context", "definitions": DEFINITIONS}
     if not args.data.is_dir():
