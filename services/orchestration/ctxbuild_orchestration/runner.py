@@ -349,6 +349,7 @@ class TurnRunner:
                     messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
                                                                checkpoint, start["retained"], fixed, compaction, ts,
                                                                room, user_message_id)
+                messages, served_tokens = await self._within_window(messages, room, fixed, user_message_id, ts, step)
                 request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
                 body = request.render()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
@@ -363,7 +364,7 @@ class TurnRunner:
                 if response.usage:
                     a_msg["usage"] = response.usage
                 served_ev: dict[str, Any] = {
-                    "turnId": turn_id, "step": step, "servedTokens": count_messages(messages),
+                    "turnId": turn_id, "step": step, "servedTokens": served_tokens,
                     "messagesServed": len(messages), "requestHash": request.digest(), "requestBytes": len(body),
                     "usage": response.usage, "modelMs": model_ms, "stopReason": response.stop_reason,
                     "assistantMessage": a_msg}
@@ -584,6 +585,22 @@ class TurnRunner:
         if (box.meta and name in META_TOOLS) or (self.web_tools is not None and name in WEB_TOOLS):
             return box.spec(name)
         return None
+
+    async def _within_window(self, messages: list[dict[str, Any]], room: int | None, fixed: int, task_id: str,
+                             ts: TurnStream, step: int) -> tuple[list[dict[str, Any]], int]:
+        """The last guard before the provider (SPEC §15.4): whatever compaction answered (or its fallback), a
+        request over the window is fitted in-process here and the fit recorded — the provider would refuse it."""
+        tokens = count_messages(messages)
+        if room is None or tokens <= max(room - fixed, 0):
+            return messages, tokens
+        fit = fit_window(messages, max(room - fixed, 0), task_id)
+        log.warning("request-over-window", turn_id=ts.turn_id, step=step, before=tokens, after=fit.tokens,
+                    room=room - fixed, stages=fit.stages)
+        await ts.emit("CompactionDecided", progress("in-loop", ts.turn_id, {
+            "status": "skipped", "reason": "over-window: the request was fitted before serving",
+            "estimatedTokens": tokens, "postTokens": fit.tokens, "fallback": fit.stages,
+            "room": max(room - fixed, 0)}, step), "guard", step)
+        return fit.messages, fit.tokens
 
     def _compaction_timeout(self, settings: dict[str, Any]) -> float:
         """Sized per call: a fold by a summarizer without a model (extractive, masking) takes moments, so a
