@@ -94,8 +94,10 @@ DEFINITIONS = {
                            "rest (step 1 all at 1.25), plus the strategy's own LLM tokens (summarizer input and "
                            "output) at 1.25",
     "model_recoverable": "at the last step, the share of all tool-output characters of the run present verbatim "
-                         "(32-char windows) in the request or in the full texts read back behind links in it "
-                         "that the strategy really stored (ctxbuild: context://vfs/ URIs via ctx.blob.fs_read)",
+                         "in the request or in the full texts read back behind links in it that the strategy "
+                         "really stored (ctxbuild: context://vfs/ URIs via ctx.blob.fs_read): a character counts "
+                         "when a 32-char window of its output (at any offset) containing it is found anywhere; "
+                         "model_recoverable_aligned_windows: consecutive non-overlapping windows only",
     "cost_ratio_vs_best_peer": "cache_adjusted_cost / that of the cheapest peer with no_task_steps 0 and "
                                "model_recoverable >= 0.99 on the same run and window; only runs whose raw history "
                                "exceeds W at some step (null: no peer qualifies)",

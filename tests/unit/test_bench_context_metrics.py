@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from context_metrics import (
     match_recorded_ids,
     orphans,
     recoverable,
+    recoverable_aligned,
     strategy_metrics,
     uncut_template,
     windows,
@@ -98,12 +100,21 @@ def test_cache_adjusted_cost_prices_the_shared_prefix_at_a_tenth():
 def test_windows_of_32_chars_and_recoverable_shares():
     text = "x" * 70
     assert [len(w) for w in windows(text)] == [32, 32, 6]
-    out = "".join(chr(65 + i % 26) for i in range(64)) + "tail!"
+    out = hashlib.sha256(b"an output").hexdigest() + "tail!"  # 64 chars that do not repeat, then 5
     corpus = Corpus(["prefix " + out[:32] + " gap " + out[32:64] + " and tail!"])
-    assert recoverable([out], corpus) == (69, 69)
+    # aligned: the two full windows and the short tail found; sliding: the tail has no 32-char window of its own
+    assert recoverable_aligned([out], corpus) == (69, 69)
+    assert recoverable([out], corpus) == (64, 69)
+    assert recoverable([out], Corpus([out])) == (69, 69)
     assert recoverable([out], Corpus(["nothing " + out[:31]])) == (0, 69)
     # a window straddling two corpus texts does not count
     assert recoverable([out[:32]], Corpus([out[:16], out[16:32]])) == (0, 32)
+    # text quoted at another offset: found by the sliding windows, missed by the aligned ones
+    quoted = Corpus([out[5:45]])
+    assert recoverable([out], quoted) == (40, 69)
+    assert recoverable_aligned([out], quoted) == (0, 69)
+    # short outputs count when found whole
+    assert recoverable(["ok", "no"], Corpus(["it is ok"])) == (2, 4)
 
 
 def test_find_links_in_order_distinct():
