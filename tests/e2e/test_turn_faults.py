@@ -145,6 +145,8 @@ async def test_a_poison_command_is_parked_and_the_next_turn_runs(stack, edge, ru
         surrogate = b'{"turnId":"turn_x","conversationId":"\\ud800"}'
         await js.publish(SUBJECT, deep, headers={"Nats-Msg-Id": f"poison-{uuid.uuid4()}"})
         await js.publish(SUBJECT, surrogate, headers={"Nats-Msg-Id": f"poison-{uuid.uuid4()}"})
+        for notice in ("ctx.turn.abort", "ctx.mcp.tools_changed"):  # core NATS notifications: dropped, no harm
+            await nc.publish(notice, deep)
         parked = await until_async(lambda: dead_letters_for(nc, SUBJECT), lambda ms: len(ms) >= 2)
     finally:
         await nc.close()
