@@ -102,3 +102,30 @@ def test_dispatch_answers_invalid_payload_not_internal():
     for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"streamId":"\\ud800"}'):
         reply = asyncio.run(dispatch("ctx.persist.read_stream", raw, never))
         assert reply["error"]["code"] == "invalid-payload", reply
+
+
+def test_a_consumer_loop_that_raises_is_restarted_and_reported():
+    """supervise: a RecursionError (what a deeply nested message once raised out of the pull loop) is logged,
+    shown in the health report, and the loop runs again; the consumer is ready only while consuming."""
+    from ctxbuild_platform.consumers import ConsumerHealth, supervise
+
+    async def scenario() -> tuple[list[str], ConsumerHealth]:
+        health, stopping, seen = ConsumerHealth("c"), asyncio.Event(), []
+        runs = 0
+
+        async def loop() -> None:
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+            health.consuming()
+            seen.append(health.state if health.ok else "not-ok")
+            stopping.set()
+
+        health.task = asyncio.current_task()
+        await supervise("c", loop, health, stopping, max_backoff_s=0.01)
+        return seen, health
+
+    seen, health = asyncio.run(scenario())
+    assert seen == ["consuming"] and health.restarts == 1 and health.state == "stopped"
+    assert not health.ok and health.report()["state"] == "stopped"
