@@ -251,19 +251,27 @@ class StrategyRun:
     llm_tokens: int = 0
 
 
-def cache_adjusted_cost(requests: Sequence[Sequence[Message]], tokens: TokenCounter, llm_tokens: int = 0
-                        ) -> float:
-    cost = 0.0
+def uncached_tokens(requests: Sequence[Sequence[Message]], tokens: TokenCounter) -> list[int]:
+    """Per step, the tokens after the longest common message prefix with the previous request (all of step 1)."""
+    out: list[int] = []
     prev: Sequence[Message] | None = None
     for req in requests:
-        total = tokens.request(req)
         cached = 0
         if prev is not None:
             p = common_prefix(prev, req)
             if p:
                 cached = 3 + sum(tokens.message(m) for m in req[:p])
-        cost += CACHED_RATE * cached + UNCACHED_RATE * (total - cached)
+        out.append(tokens.request(req) - cached)
         prev = req
+    return out
+
+
+def cache_adjusted_cost(requests: Sequence[Sequence[Message]], tokens: TokenCounter, llm_tokens: int = 0
+                        ) -> float:
+    cost = 0.0
+    for req, fresh in zip(requests, uncached_tokens(requests, tokens), strict=True):
+        total = tokens.request(req)
+        cost += CACHED_RATE * (total - fresh) + UNCACHED_RATE * fresh
     return cost + UNCACHED_RATE * llm_tokens
 
 
@@ -299,6 +307,7 @@ def strategy_metrics(run: StrategyRun, *, task: str, window: int, outputs: Seque
         "links_in_last_request": run.links, "links_unreadable": run.links_unreadable,
         "served_tokens_max": max(per_step, default=0),
         "served_tokens_per_step": per_step,
+        "uncached_tokens_per_step": uncached_tokens(reqs, tokens),
     }
 
 
