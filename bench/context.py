@@ -270,8 +270,9 @@ def discover(root: Path) -> tuple[list[Run], list[dict[str, str]]]:
         except TrajectoryError as exc:
             reason = str(exc).split(": ", 1)[-1]
             if path.suffix == ".jsonl":
-                reason += ("; a JSON-lines Claude Code transcript (Anthropic content blocks, already compacted "
-                           "by its own /compact boundary) is not one of the four formats of CONTEXT_METRICS.md")
+                reason += ("; a JSON-lines session transcript (e.g. Claude Code's: Anthropic content blocks, "
+                           "possibly with its own /compact boundary, so no full history) is not one of the four "
+                           "formats of CONTEXT_METRICS.md")
             skipped.append({"path": path.name, "reason": reason})
     for r in runs:
         build_history(r)
