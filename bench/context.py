@@ -737,7 +737,8 @@ def plot(out_dir: Path, results: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------- main
 
 async def measure_ctxbuild(runs: list[Run], summarizers: list[str], windows: list[int], tokens: TokenCounter,
-                           progress) -> dict[tuple[str, int, str], tuple[StrategyRun, dict]]:
+                           progress, errors: list[dict[str, Any]]
+                           ) -> dict[tuple[str, int, str], tuple[StrategyRun, dict]]:
     from ctxbuild_devstack import private_stack
     from ctxbuild_devstack.stack import SERVICES
 
@@ -759,7 +760,11 @@ async def measure_ctxbuild(runs: list[Run], summarizers: list[str], windows: lis
                     for w in windows:
                         for r in runs:
                             progress.update(task, description=f"ctxbuild/{s} W={w} {r.name[:40]}")
-                            out[(r.name, w, s)] = await cb.replay(r, w, s, progress, task)
+                            try:
+                                out[(r.name, w, s)] = await cb.replay(r, w, s, progress, task)
+                            except Exception as exc:  # noqa: BLE001 — one broken cell is reported, not fatal
+                                errors.append({"run": r.name, "window": w, "summarizer": s,
+                                               "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
             finally:
                 await cb.close()
     finally:
@@ -815,8 +820,9 @@ def main() -> str | None:
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     ours = [f"ctxbuild/{s}" for s in args.summarizers] if not args.no_ctxbuild else []
     with Progress(*cols, console=console) as progress:
+        errors: list[dict[str, Any]] = []
         served = {} if args.no_ctxbuild else asyncio.run(
-            measure_ctxbuild(runs, args.summarizers, args.windows, tokens, progress))
+            measure_ctxbuild(runs, args.summarizers, args.windows, tokens, progress, errors))
         t_peers = progress.add_task("peers (run × window × peer)", total=len(runs) * len(args.windows) * len(PEERS))
         results: dict[str, Any] = {}
         for r in runs:
@@ -872,7 +878,7 @@ def main() -> str | None:
                                                               for k in ("cost_ratio_vs_best_peer", "cost_ratio_vs_raw")},
            "per_summarizer_worst": summary, "peers_worst": peer_worst,
            "best_summarizer_by_cost": None,
-           "runs": results, "skipped": skipped}
+           "runs": results, "skipped": skipped, "errors": errors}
     # which summarizer would be the better default by measurement: all gates held, then the lowest worst ratio
     ok = {s: w for s, w in summary.items()
           if w.get("steps_over_window") == 0 and w.get("no_task_steps") == 0 and w.get("orphan_steps") == 0
@@ -890,6 +896,7 @@ def main() -> str | None:
         # vacuous (null) when no run exceeds the window or no peer qualifies on any run that does
         "cost_ratio_vs_best_peer < 1": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] < 1,
         "cost_ratio_vs_raw <= 1": d.get("cost_ratio_vs_raw") is None or d["cost_ratio_vs_raw"] <= 1,
+        "every ctxbuild cell measured": not errors,
     } if ours else {}
     out["notes"] = NOTES
     args.out.parent.mkdir(parents=True, exist_ok=True)
