@@ -114,7 +114,7 @@ class Follower(threading.Thread):
 
     def run(self) -> None:
         try:
-            for ev in self.client.events(self.cid, self.tid, sleep=lambda s: time.sleep(min(s, 1.0))):
+            for ev in self.client.events(self.cid, self.tid):
                 self.seen.append((ev.type, ev.id))
         except Exception as exc:  # noqa: BLE001 - reported by check()
             self.error = f"{type(exc).__name__}: {exc}"

@@ -273,18 +273,21 @@ class Client:
         return ServedRequest(raw=response.content, doc=doc)
 
     def events(self, cid: str, tid: str, *, last_event_id: int | None = None, max_retries: int = 8,
-               backoff_s: float = 0.25, sleep: Callable[[float], None] = time.sleep) -> Iterator[Event]:
+               backoff_s: float = 0.25, unreachable_s: float = 120.0, sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> Iterator[Event]:
         """The turn's events until its terminal one, however long the turn takes to come back from a fault.
 
         A dropped or timed-out stream is reopened with Last-Event-ID (the server resumes after it), so no event is
         lost or repeated. When an attempt brings no new event (the edge restarting, a backend away, a 5xx), the
         turn itself is read (GET …/turns/{id}): the events it holds past the last one seen are yielded, and if the
         turn ended that is the end — a turn that completed while the stream was down is reported as completed. There is no cap on reconnects while the server answers (an error status
-        counts as an answer: the edge is up, its backends may be coming back) and the turn is not over; only
-        `max_retries` attempts in a row in which the server could not be reached at all give up with
-        ConnectionFailed. A missing turn or a refused credential is not retried (ApiError)."""
+        counts as an answer: the edge is up, its backends may be coming back) and the turn is not over; it gives up
+        with ConnectionFailed only when the server could not be reached at all `max_retries` attempts in a row AND
+        for `unreachable_s` seconds (an edge being restarted comes back within that). A missing turn or a refused
+        credential is not retried (ApiError)."""
         path = f"{self._turn(cid, tid)}/events"
         last, unreachable, attempt = last_event_id, 0, 0
+        unreachable_since: float | None = None
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
             reached, progressed = False, False
@@ -323,7 +326,7 @@ class Client:
                 reached = reached or isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError)
                 cause = f"{type(exc).__name__}: {exc}"
             if progressed:
-                unreachable = 0
+                unreachable, unreachable_since = 0, None
                 continue  # the stream was cut after new events: reopen it at once
             # the stream brought nothing new: what does the turn itself say?
             try:
@@ -348,10 +351,14 @@ class Client:
                 reached = True
             except ConnectionFailed:
                 pass
-            unreachable = 0 if reached else unreachable + 1
-            if unreachable > max_retries:
+            if reached:
+                unreachable, unreachable_since = 0, None
+            else:
+                unreachable += 1
+                unreachable_since = clock() if unreachable_since is None else unreachable_since
+            if unreachable > max_retries and clock() - (unreachable_since or 0) >= unreachable_s:
                 raise ConnectionFailed(f"lost the event stream of turn {tid} at {self.base_url}: unreachable "
-                                       f"{max_retries} times in a row ({cause})")
+                                       f"{unreachable} times in a row over {unreachable_s:.0f}s ({cause})")
             attempt += 1
             sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
 
