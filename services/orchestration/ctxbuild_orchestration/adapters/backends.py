@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 log = structlog.get_logger("backends")
 T = TypeVar("T")
+COMPLETE_TURN_TIMEOUT_S = 30.0  # + 1 s per 256 KiB of the turn's messages
 NOT_TRANSIENT = {"version-conflict", "event-id-conflict", "invalid-payload", "not-found"}
 
 
@@ -127,7 +129,11 @@ class Backends:
         Idempotent by ``event_id`` (a resumed turn passes the same one)."""
         req = {"conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
                "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}
-        return await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=120),
+        # sized per call: the lane writes the turn's large outputs to the blob store before it appends, so its time
+        # grows with the messages; a persistence replica that died with the request costs one such attempt
+        size = len(json.dumps(messages, ensure_ascii=False, default=str))
+        timeout = min(COMPLETE_TURN_TIMEOUT_S + size / (256 * 1024), 300.0)
+        return await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=timeout),
                                within_s=self.patience_s, what=f"complete_turn {turn_id}")
 
     async def history(self, conversation_id: str) -> dict:
