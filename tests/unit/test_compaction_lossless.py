@@ -364,3 +364,12 @@ def test_a_json_output_is_in_the_transcript_as_the_wire_shows_it():
     text = render_transcript(rows)
     assert json.dumps(items, ensure_ascii=False, separators=(",", ":")) in text
     assert '[tool call c1] web_search {"query":"q"}' in text
+
+
+def test_a_first_request_too_large_for_the_stored_event_stays_in_the_transcript_only():
+    huge = {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "spec " * 20_000}]}   # 100 KB
+    rows = [huge, {"id": "x0", "role": "assistant", "parts": [{"type": "text", "text": "ok " * 600}]}, TASK]
+    plan = plan_turn_start({"messages": rows, "attachments": []}, TurnStartSettings(context_window=2_500))
+    done = finish(plan, extractive(plan.fold), transcript="context://vfs/vfs_00000000000000c1.txt")
+    assert plan.opening is None and "first request, verbatim" not in done.summary_text
+    assert len(done.summary_text.encode()) < 32 * 1024 and done.messages[-1] == TASK

@@ -39,6 +39,7 @@ from .summary_row import (
 
 Message = dict[str, Any]
 PHASE = "turn-start"
+OPENING_STORED_MAX_BYTES = 32 * 1024   # leaves the CompactionSummaryRecorded event room under 64 KiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +229,10 @@ def plan_turn_start(history: Mapping[str, Any], settings: TurnStartSettings) -> 
         first_user = next((r for r in folded if r.get("role") == "user"), None)
         if first_user is not None and first_user is next((r for r in effective if r.get("role") == "user"), None):
             opening = row_text(first_user) or None
+    if opening is not None and len(opening.encode()) > OPENING_STORED_MAX_BYTES:
+        # the stored summary is one event (≤ 64 KiB, its text inline): a first request this large is not carried
+        # by the row — it stays whole in this fold's transcript, one fs_read away
+        opening = None
 
     # 8. what to summarize
     fold = FoldRequest(previous, folded, summary_max_chars(budget), conversation_id=str(history.get(
