@@ -24,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -165,7 +166,7 @@ class Stack:
         for path, text in ((self.state_file, json.dumps(state, indent=2)),
                            (self.env_file, "".join(f"{k}={v}\n" for k, v in sorted(self.env.items())))):
             # written aside and renamed: the watchdog (another process) never reads half a file
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
