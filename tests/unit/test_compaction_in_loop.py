@@ -222,7 +222,8 @@ def test_masking_outcome_keeps_the_earlier_prefix_byte_for_byte():
 
 
 def test_checkpoint_payload_round_trip():
-    ck = Checkpoint(12, [summary_row("a5", "s", ["x.log"], [])], 14, 2, ["x.log"], [vfs_uri("cd" * 32)], "llm", 7)
+    ck = Checkpoint(12, [summary_row("a5", "s", ["x.log"], [vfs_uri("cd" * 32)])], 14, 2, ["x.log"], [vfs_uri("cd" * 32)],
+                    "llm", 7)
     payload = json.loads(json.dumps(ck.to_payload()))
     assert Checkpoint.from_payload(payload) == ck
     assert Checkpoint.from_payload(None) == Checkpoint()

@@ -124,8 +124,12 @@ def test_masking_keeps_the_task_where_it_was():
 
 
 def test_the_checkpoint_round_trips_the_task_and_transcripts():
-    ck = Checkpoint(3, [TASK], 5, 2, ["export.log"], ["context://vfs/vfs_0000000000000001.txt"], "extractive", 4,
-                    "u1")
+    from ctxbuild_compaction.domain import summary_row
+
+    uri = "context://vfs/vfs_0000000000000001.txt"
+    ck = Checkpoint(3, [TASK, summary_row("t2", "- s", ["export.log"], [uri])], 5, 2, ["export.log"], [uri],
+                    "extractive", 4, "u1")
+    assert "transcripts" not in ck.to_payload()   # the summary row names them: the event does not grow per fold
     assert Checkpoint.from_payload(ck.to_payload()) == ck
     contracts.validate("subjects/ctx.compact.in_loop.request.json",
                        {"conversationId": "c", "turnId": "t", "messages": [], "checkpoint": ck.to_payload()})

@@ -62,7 +62,7 @@ class Checkpoint:
     message_count: int = 0     # messages when it was made: usage of a later assistant row covers the prefix
     folds: int = 0
     handles: list[str] = field(default_factory=list)   # attachments named by the summary row
-    transcripts: list[str] = field(default_factory=list)   # transcript URIs named by the summary row, oldest first
+    transcripts: list[str] = field(default_factory=list)   # named by the prefix's summary row, oldest first
     summarizer: str | None = None
     step: int | None = None
     task_id: str | None = None   # the pinned task: in the compacted prefix once a fold went past it
@@ -71,15 +71,17 @@ class Checkpoint:
     def from_payload(cls, data: Mapping[str, Any] | None) -> Checkpoint:
         if not data:
             return cls()
-        return cls(int(data.get("consumedCount", 0)), list(data.get("compactedPrefix") or []),
+        prefix = data.get("compactedPrefix") or []
+        return cls(int(data.get("consumedCount", 0)), list(prefix),
                    int(data.get("messageCount", data.get("consumedCount", 0))), int(data.get("folds", 0)),
-                   list(data.get("handles") or []), list(data.get("transcripts") or []), data.get("summarizer"),
-                   data.get("step"), data.get("taskId"))
+                   list(data.get("handles") or []), row_transcripts(prefix) if isinstance(prefix, list) else [],
+                   data.get("summarizer"), data.get("step"), data.get("taskId"))
 
     def to_payload(self) -> dict[str, Any]:
+        # no transcript list: the summary row in the prefix names them (read back by from_payload), so the
+        # recorded checkpoint does not grow with every fold of a long turn
         out: dict[str, Any] = {"consumedCount": self.consumed_count, "compactedPrefix": self.compacted_prefix,
-                               "messageCount": self.message_count, "folds": self.folds, "handles": self.handles,
-                               "transcripts": self.transcripts}
+                               "messageCount": self.message_count, "folds": self.folds, "handles": self.handles}
         if self.summarizer:
             out["summarizer"] = self.summarizer
         if self.step is not None:
