@@ -10,6 +10,8 @@ Figures (all over the run):
   not the fault-free run's single TurnCompleted (a failed turn loses its answer), plus keyed events recorded twice;
 - ``duplicate_tool_runs``: real tool runs repeated (the counting MCP server's ledger) plus tool results recorded twice;
 - ``over_window_steps``: served requests over the conversation's context window; ``orphan_tool_calls`` likewise;
+  (``events_lost`` also counts turns whose persisted history is not whole: a message twice, fewer assistant/tool
+  messages than the script's model calls/tool steps, an orphan — bench.e2e_metrics.history_problems);
 and per fault the same, with its symptoms. Exit 1 unless faults_injected ≥ 30, every other figure is 0, every
 fault's test passed and the fault-free reference is whole.
 
@@ -73,7 +75,7 @@ def report(record: dict[str, Any]) -> dict[str, Any]:
         doc[k] for k in ("turns_stuck", "events_lost", "duplicate_tool_runs", "over_window_steps",
                          "orphan_tool_calls")) and not failed_tests and not doc["faults_missing"]
         and all(p["passed"] for p in per) and not (base.get("orphans") or base.get("over_window")
-                                                    or base.get("bad_terminal")))
+                                                    or base.get("bad_terminal") or base.get("history_problems")))
     return doc
 
 

@@ -30,6 +30,7 @@ from ctxbuild_cli.client import Client
 from ctxbuild_devstack import SERVICES, Stack
 from ctxbuild_providers.trajectories import load_trajectory
 
+from bench.e2e_metrics import history_problems
 from tests.support.chaos import SEED, STAMP_SERVER, WINDOW, Edge, Verdict, check_turn, with_stamps
 from tests.support.counting_mcp_server import runs
 
@@ -135,6 +136,17 @@ class Follower(threading.Thread):
         return 0
 
 
+def check_history(edge: Edge, c: Conversation, verdict: Verdict, label: str) -> None:
+    """The conversation as persisted: each message once, each turn's assistant and tool messages as its script
+    has model calls and tool steps, no orphan tool call or result (``bench.e2e_metrics.history_problems``)."""
+    messages = edge.call("GET", f"/v1/conversations/{c.cid}/messages").json()["messages"]
+    for (name, tid), script in zip(c.turns, (c.script, c.follow), strict=False):
+        problems = history_problems(messages, tid, script)
+        if problems:
+            verdict.lost += 1
+            verdict.symptoms.append(f"{label}/{name}: persisted history: {'; '.join(problems)[:300]}")
+
+
 def run_fault_free(edge: Edge, item: dict[str, Any], stamp_tool: str) -> dict[str, Any]:
     c = Conversation(edge, item, stamp_tool, f"fault-free {item['label']}", slow=False)
     logs = []
@@ -160,8 +172,10 @@ def baselines(chaos_stack, edge, ledger, stamp_tool, shared_data, chaos_record) 
             v = check_turn(log["events"], log["events"], edge.requests(c.cid, log["events"]), WINDOW, mine,
                            f"fault-free {item['label']}", log.get("error"))
             verdict.add(v)
+        check_history(edge, c, verdict, f"fault-free {item['label']}")
         out[item["label"]] = {"item": item, "main": ref["logs"][0]["events"], "follow": ref["logs"][1]["events"]}
     chaos_record["baseline"] = {"turns": 2 * len(out), "steps": verdict.steps, "orphans": verdict.orphans,
+                                "history_problems": verdict.lost,
                                 "over_window": verdict.over_window, "bad_terminal": verdict.bad_terminal,
                     "cli_follow_failures": verdict.follow_failures,
                                 "symptoms": verdict.symptoms, "seconds": round(time.monotonic() - t0, 1)}
@@ -172,7 +186,7 @@ def test_the_fault_free_runs_are_whole(baselines, chaos_record):
     """The reference itself passes the checks that need no reference: one TurnCompleted, nothing orphaned, nothing
     over the window."""
     b = chaos_record["baseline"]
-    assert not (b["orphans"] or b["over_window"] or b["bad_terminal"]), b["symptoms"]
+    assert not (b["orphans"] or b["over_window"] or b["bad_terminal"] or b["history_problems"]), b["symptoms"]
 
 
 # ---------------------------------------------------------------- the faults
@@ -324,6 +338,8 @@ def test_fault_keeps_every_turn_whole(fault, chaos_stack, edge, ledger, stamp_to
                             if k.endswith("/follow-up") == (name == "follow-up")})
             verdict.add(check_turn(base, log["events"] if log else None, requests, WINDOW, mine,
                                    f"{fault}/{name}", (log or {}).get("error")))
+        if all(logs):
+            check_history(edge, c, verdict, fault)
     except Exception as exc:  # recorded, then re-raised below
         verdict.symptoms.append(f"{fault}: harness stopped: {type(exc).__name__}: {str(exc)[:400]}")
         if row["turns"] == 0:
