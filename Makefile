@@ -56,9 +56,9 @@ test-security: sync  ## the attack tests (pytest -m security tests/security) →
 	$(PY) bench/security.py $$junit --out bench/results/security.json || rc=1; \
 	rm -f $$junit; exit $$rc
 
-test-chaos: sync  ## faults injected into real replayed turns (pytest -m chaos tests/chaos) → bench/results/chaos.json (must hold)
+test-chaos: sync  ## faults injected into real replayed turns (pytest -m chaos tests/chaos [CHAOS_ARGS=…]) → bench/results/chaos.json (must hold)
 	@record=$$(mktemp --suffix=.json); rm -f $$record; \
-	CTX_CHAOS_OUT=$$record $(PY) -m pytest -m chaos tests/chaos; rc=$$?; \
+	CTX_CHAOS_OUT=$$record $(PY) -m pytest -m chaos tests/chaos $(CHAOS_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no chaos tests: that is a broken suite, not a pass" >&2; rc=1; fi; \
 	$(PY) bench/chaos.py $$record --out bench/results/chaos.json || rc=1; \
 	rm -f $$record; exit $$rc
