@@ -715,10 +715,15 @@ def plot(out_dir: Path, results: dict[str, Any]) -> list[str]:
     for run_name, per_w in results["runs"].items():
         for w, cell in per_w["windows"].items():
             fig, ax = plt.subplots(figsize=(10, 5.5))
+            ours = 0
             for name, m in cell["strategies"].items():
                 ys = m.get("served_tokens_per_step") or []
-                style = "-" if name.startswith("ctxbuild") else "--"
-                ax.plot(range(1, len(ys) + 1), ys, style, label=name, linewidth=1.6 if style == "-" else 1.0)
+                if name.startswith("ctxbuild"):  # solid, dash-dot, dotted: equal curves stay visible
+                    style, width = ("-", "-.", ":")[ours % 3], 2.2 - 0.4 * (ours % 3)
+                    ours += 1
+                else:
+                    style, width = "--", 1.0
+                ax.plot(range(1, len(ys) + 1), ys, style, label=name, linewidth=width)
             ax.axhline(int(w), color="black", linewidth=1.2, label=f"window {int(w):,}")
             ax.set_xlabel("step")
             ax.set_ylabel("served tokens (cl100k)")
