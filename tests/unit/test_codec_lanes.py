@@ -144,6 +144,31 @@ def test_inflight_entities_trims_each_content_and_keeps_the_citation_skeleton():
         == [("/1/content", "offloaded", LINES_URI, 3000), ("/2/content", "offloaded", C_URI, 2500)]
 
 
+def test_inflight_entities_under_the_threshold_one_by_one_but_not_together_trim_the_longest_first():
+    # three results of 8,859 / 3,864 / 299 chars at a 9,600 threshold (W = 32k): none over it alone, 13k together
+    big, mid, small = "b" * 8_859, "m" * 3_864, "s" * 299
+    value = [{"id": "q-1", "title": "S", "url": "https://s", "content": small},
+             {"id": "q-2", "title": "B", "url": "https://b", "content": big},
+             {"id": "q-3", "title": "M", "url": "https://m", "content": mid}]
+    part = result({"type": "json", "value": value}, name="web_search")
+    plan = plan_inflight(part, 9_600)
+    assert [c.key for c in plan.cuts] == ["/1/content"]  # the longest alone brings the rest (≤ 1,900 + 4,163) under
+    out = trim_inflight(part, 9_600, store_all)
+    assert out["output"]["value"][1]["content"] == marker(big)
+    assert [r["content"] for r in out["output"]["value"][::2]] == [small, mid]
+    assert plan_inflight({k: v for k, v in out.items() if k != "offload"}, 9_600) is None  # idempotent by content
+    # a lower threshold takes the next longest too, never one a trim cannot shorten (≤ 1,900 chars)
+    assert [c.key for c in plan_inflight(part, 4_800).cuts] == ["/1/content", "/2/content"]
+    tiny = [{"id": f"t-{i}", "content": "t" * 1_900} for i in range(8)]  # 15,200 chars, none trimmable
+    assert plan_inflight(result({"type": "json", "value": tiny}, name="kb_search"), 9_600) is None
+    # together under the threshold: untouched, as before
+    assert plan_inflight(result({"type": "json", "value": value[::2]}, name="web_search"), 9_600) is None
+    # the persist lane picks the same blobs at the same threshold, so its envelope renders to the in-flight bytes
+    env = trim_persist(part, 9_600, store_all)["output"]["value"]
+    assert [r["key"] for r in env["blobRefs"]] == ["/1/content"]
+    assert orjson.dumps(render(env)) == orjson.dumps(out["output"])
+
+
 def test_inflight_entities_failed_write_keeps_that_full_text():
     part = web()
     plan = plan_inflight(part, T)

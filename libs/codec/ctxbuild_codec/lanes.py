@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
@@ -51,6 +51,8 @@ PARALLEL_MIN_BYTES = 1 << 20
 # Texts this large have their newlines counted with numpy (SIMD, ~5x bytes.count, GIL released).
 NUMPY_COUNT_MIN_BYTES = 1 << 16
 _pool: ThreadPoolExecutor | None = None
+# A trimmed text's marker (head ≤ 500 + tail ≤ 1,000 + ≤ ~300 chars of <persisted-output> block) is never longer.
+TRIMMED_MAX_CHARS = HEAD_CHARS + TAIL_CHARS + 400
 
 
 def _hash_pool() -> ThreadPoolExecutor:
@@ -228,6 +230,32 @@ def _offloaded_by_ctxbuild(part: Mapping[str, Any], output: Mapping[str, Any]) -
     return part.get("offload") is not None or output.get("type") == "persisted"
 
 
+def entity_blobs_to_trim(blobs: Sequence[tuple[str, str]], threshold: int) -> list[tuple[str, str]]:
+    """The codec blobs of one output to trim, in key order (both lanes, so a persisted envelope still renders to
+    the in-flight bytes at the same threshold).
+
+    Every blob longer than ``max(threshold, head + tail)`` (== ``needs_trim`` for each, SPEC §5.2); then, while
+    the blobs together are still longer than ``threshold`` (a trimmed one counted at ``TRIMMED_MAX_CHARS``, an
+    upper bound of its marker), the longest of the others longer than ``TRIMMED_MAX_CHARS`` (ties: key order).
+    Without the second rule an output of many entities each under the threshold is served whole however long it
+    is together (a 13.5k-char web_search of 3 results at a 9.6k threshold, or 10 results of 9k each: 90k chars),
+    while the same text as an opaque output would have been trimmed. A trimmed blob (its marker) is never longer
+    than ``TRIMMED_MAX_CHARS``, so a trimmed output shown again is left alone (idempotent by content too).
+    """
+    floor = max(threshold, HEAD_CHARS + TAIL_CHARS)
+    chosen = [len(text) > floor for _, text in blobs]
+    total = sum(TRIMMED_MAX_CHARS if c else len(text) for c, (_, text) in zip(chosen, blobs, strict=True))
+    if total > threshold:
+        others = sorted((i for i, (_, text) in enumerate(blobs) if not chosen[i] and len(text) > TRIMMED_MAX_CHARS),
+                        key=lambda i: (-len(blobs[i][1]), i))
+        for i in others:
+            if total <= threshold:
+                break
+            chosen[i] = True
+            total -= len(blobs[i][1]) - TRIMMED_MAX_CHARS
+    return [b for b, c in zip(blobs, chosen, strict=True) if c]
+
+
 # ---------- in-flight lane (§5) ----------
 
 def plan_inflight(part: Mapping[str, Any], threshold: int) -> TrimPlan | None:
@@ -244,8 +272,7 @@ def plan_inflight(part: Mapping[str, Any], threshold: int) -> TrimPlan | None:
     if policy.codec is not None and kind == "json":
         d = deflate(policy.codec, output.get("value"))
         if d is not None:
-            floor = max(threshold, HEAD_CHARS + TAIL_CHARS)  # == needs_trim(text, threshold) for each blob
-            cuts = tuple([measure(text, key) for key, text in d.blobs if len(text) > floor])
+            cuts = tuple([measure(text, key) for key, text in entity_blobs_to_trim(d.blobs, threshold)])
             return TrimPlan("inflight", "codec", threshold, cuts, "json", d.skeleton) if cuts else None
     text = extract_text(output)
     if text is None:
@@ -423,8 +450,7 @@ def plan_persist(part: Mapping[str, Any], threshold: int) -> TrimPlan | None:
         d = deflate(policy.codec, output.get("value"))
         if d is None:
             return None
-        floor = max(limit, HEAD_CHARS + TAIL_CHARS)
-        cuts = tuple([c for c in [measure(text, key) for key, text in d.blobs if len(text) > floor]
+        cuts = tuple([c for c in [measure(text, key) for key, text in entity_blobs_to_trim(d.blobs, limit)]
                       if c.sha256 is not None])
         return TrimPlan("persist", "codec", threshold, cuts, "json", d.skeleton) if cuts else None
     extra: dict[str, Any] = {}
