@@ -79,7 +79,7 @@ def _wait(what: str, probe: Callable[[], bool], timeout: float, log: Path | None
         try:
             if probe():
                 return
-        except Exception:  # noqa: BLE001 - a probe failing is the normal not-ready-yet case
+        except Exception:  # noqa: BLE001, S110 - a probe failing is the normal not-ready-yet case
             pass
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
@@ -322,7 +322,7 @@ class Stack:
 
         def ready() -> bool:
             return subprocess.run([isready, "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"],
-                                  capture_output=True).returncode == 0
+                                  capture_output=True, check=False).returncode == 0
 
         _wait("postgres", ready, 60, self.logs / "postgres.log", proc)
         psql = str(POSTGRES_BIN_PATH / "psql")
