@@ -75,10 +75,13 @@ async def test_trajectory_replayed_under_a_32k_window(shared_data):
         messages += [assistant, *rest]
     assert count_messages(messages) > trigger and folds
     assert sum(prefix_ext) / len(prefix_ext) >= 0.95
-    # memoised: each fold takes the rows after the previous one, never the history again
+    # memoised: each fold takes the rows after the previous one, never the history again; the task (the run's
+    # first user message) is pinned, never folded, and stays verbatim at the head of every later request
     consumed = 0
     for fold, checkpoint in folds:
         ids = [m["id"] for m in messages]
+        assert checkpoint.task_id == head[-1]["id"]
         assert [r["id"] for r in fold.rows] == [i for i in ids[consumed:checkpoint.consumed_count]
-                                               if not i.startswith("sys")]
+                                               if not i.startswith("sys") and i != checkpoint.task_id]
         consumed = checkpoint.consumed_count
+    assert json.loads(prev[0]) == head[-1]

@@ -27,6 +27,7 @@ import asyncpg
 import pytest
 from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import envelopes, inflight_threshold, marker, sha256_hex
+from ctxbuild_codec.lanes import entity_blobs_to_trim
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
 
@@ -121,9 +122,15 @@ async def run_turn(rpc, stack, tool: str, outputs: list[list[dict[str, Any]]], w
         assert [{k: v for k, v in e.items() if k != "content"} for e in shown] == \
             [{k: v for k, v in e.items() if k != "content"} for e in value]
         rows = {b["key"]: b for b in (out.get("offload") or {}).get("blobs", [])}
+        # the codec's rule: every entity over the threshold, then the longest others while the output is still
+        # over it together (unit-tested in test_codec_lanes); here: what it picks is what the service trimmed
+        to_trim = {k for k, _ in entity_blobs_to_trim([(f"/{i}/content", e["content"]) for i, e in enumerate(value)],
+                                                     threshold)}
         for i, (orig, got) in enumerate(zip(value, shown, strict=True)):
             content = orig["content"]
-            if len(content) > threshold and len(content) > 1_500:  # the codec's rule: cut per entity
+            if len(content) > threshold and len(content) > 1_500:
+                assert f"/{i}/content" in to_trim  # the per-entity rule of SPEC §5.2 still holds
+            if f"/{i}/content" in to_trim:
                 assert got["content"] == marker(content)
                 row = rows[f"/{i}/content"]
                 assert row["sha256"] == sha256_hex(content)
