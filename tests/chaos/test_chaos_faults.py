@@ -13,6 +13,7 @@ goes to the run's record (bench/results/chaos.json through ``make test-chaos``).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import subprocess
@@ -201,6 +202,11 @@ def restore_readiness(stack: Stack, notes: list[str]) -> None:
             stack.start_service(name, timeout=120)
 
 
+def devstack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ctxbuild_devstack", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
 def publish_poison(stack: Stack, payload: bytes) -> int:
     async def go() -> int:
         nc = await nats.connect(stack.env["CTX_NATS_URL"], name="chaos-poison")
@@ -359,3 +365,29 @@ def test_fault_keeps_every_turn_whole(fault, chaos_stack, edge, ledger, stamp_to
     assert not [s for s in verdict.symptoms if "STATUS:" in s], verdict.symptoms
     if fault == "poison":
         assert not [s for s in verdict.symptoms if s.startswith("poison:")], verdict.symptoms
+
+
+def test_make_up_restarts_a_hung_service_on_its_own_port(chaos_stack):
+    """`make up` on a stack with a live service that does not answer its readiness probe (frozen with SIGSTOP):
+    it restarts it at the same address, says "stack up", and `make status` exits 0 again."""
+    name = "compaction"
+    url, pid = chaos_stack.env["CTX_COMPACTION_HTTP"], chaos_stack.procs[name]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert not chaos_stack.ready(name)
+        status = devstack("status", "--dir", str(chaos_stack.root))
+        assert status.returncode == 1, status.stdout
+        up = devstack("up", "--ready-wait", "5", "--dir", str(chaos_stack.root))
+    finally:
+        after = Stack.load(chaos_stack.root)  # the processes `up` started are ours (and their addresses)
+        chaos_stack.procs.update(after.procs)
+        chaos_stack.env.update(after.env)
+        chaos_stack.save()
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert up.returncode == 0 and "stack up" in up.stdout and "restarting" in up.stdout, up.stdout + up.stderr
+    assert chaos_stack.env["CTX_COMPACTION_HTTP"] == url and chaos_stack.procs[name]["pid"] != pid
+    assert chaos_stack.wait_ready(name, 30), chaos_stack.status()
+    assert devstack("status", "--dir", str(chaos_stack.root)).returncode == 0

@@ -1,6 +1,7 @@
 """The local stack's own lifecycle (issue #16 point 6) with real processes: a test/bench stack dies with the process
 that started it (SIGKILL included); a dead component comes back on its own port (``up`` again), and ``status``
-exits non-zero while anything is not ready."""
+exits non-zero while anything is not ready. (`up` restarting a hung service runs on the chaos suite's full
+stack: tests/chaos/test_chaos_faults.py.)"""
 
 from __future__ import annotations
 
@@ -85,3 +86,4 @@ def test_a_dead_component_restarts_on_its_own_port_and_status_says_not_ready(tmp
     finally:
         st.procs.update(Stack.load(tmp_path).procs)
         st.down()
+

@@ -20,7 +20,9 @@ READY_WAIT_S = 30.0  # a live service reconnecting to a restarted NATS / Postgre
 
 
 @app.command()
-def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help="only NATS, Postgres, S3")) -> None:
+def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help="only NATS, Postgres, S3"),
+       ready_wait: float = typer.Option(READY_WAIT_S, help="seconds a live service may take to become ready "
+                                                           "before it is restarted")) -> None:
     """Start NATS, PostgreSQL, SeaweedFS and the six services (idempotent). A dead component comes back on its own
     port; a live service that does not become ready is restarted; "stack up" only when every one is ready."""
     st = Stack.load(dir)
@@ -30,10 +32,10 @@ def up(dir: DirOpt = Path(".stack"), infra_only: bool = typer.Option(False, help
         if not infra_only:
             for name in SERVICES:
                 with console.status(f"starting {name}…"):
-                    if st.alive(name) and not st.wait_ready(name, READY_WAIT_S):
-                        console.print(f"[yellow]{name} alive but not ready after {READY_WAIT_S:.0f}s: "
+                    if st.alive(name) and not st.wait_ready(name, ready_wait):
+                        console.print(f"[yellow]{name} alive but not ready after {ready_wait:.0f}s: "
                                       "restarting it[/yellow]")
-                        st.stop(name)
+                        st.stop(name, timeout=10)
                     st.start_service(name)
             if st.env.get("CTX_ADMIN_API_KEY"):
                 st.ensure_api_key()  # already running: the key is still there (or issued again)

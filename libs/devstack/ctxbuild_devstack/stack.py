@@ -477,6 +477,14 @@ class Stack:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            # gone before we return: a restart right after must find its port free
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self.alive(name):
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                time.sleep(0.02)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
