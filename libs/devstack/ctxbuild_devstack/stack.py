@@ -177,8 +177,14 @@ class Stack:
         """The component's recorded port for ``key`` when it is still free (a restart comes back where it was),
         else a new free one (recorded)."""
         known = self.ports.setdefault(component, {}).get(key)
-        if isinstance(known, int) and _port_free(known):
-            return known
+        if isinstance(known, int):
+            deadline = time.monotonic() + 5  # a process that just died may hold its sockets a moment longer
+            while True:
+                if _port_free(known):
+                    return known
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         port = free_port()
         self.ports[component][key] = port
         return port
