@@ -316,3 +316,59 @@ async def test_status_route_reports_http_errors_as_error(mcp_catalog, rpc):
         assert servers["dead_http"]["status"] == "error"
     finally:
         await call(rpc, "ctx.mcp.servers.remove", {"id": "dead_http"})
+
+
+# ---------- a turn's tool call runs at most once ----------
+COUNTING = Path(__file__).resolve().parents[1] / "support" / "counting_mcp_server.py"
+
+
+async def test_a_call_of_a_turn_runs_once_however_often_it_is_asked(mcp_catalog, rpc, tmp_path):
+    """A runner that died with a call in flight resumes the turn and asks again: the catalog answers from its
+    run ledger (or joins the run in flight) and the tool's side effect happens once per (turn, call)."""
+    from tests.support.counting_mcp_server import runs  # noqa: PLC0415
+
+    ledger = tmp_path / "ledger.txt"
+    await upsert(rpc, {"id": "ctr", "name": "counter", "command": sys.executable,
+                       "args": [str(COUNTING), str(ledger)], "active": False})
+    try:
+        r = await call(rpc, "ctx.mcp.resolve", {"serverIds": ["ctr"]})
+        stamp = {t["name"]: t["id"] for t in r["tools"]}["stamp"]
+
+        def ask(turn: str | None, call_id: str, key: str, delay_ms: int = 0):
+            req = {"toolId": stamp, "arguments": {"key": key, "delay_ms": delay_ms}, "callId": call_id}
+            return call(rpc, "ctx.mcp.invoke", {**req, "turnId": turn} if turn else req)
+
+        # two askers at once (the first still running): one run, the same output for both
+        first, second = await asyncio.gather(ask("turn-a", "call_1", "k1", 1500), ask("turn-a", "call_1", "k1", 1500))
+        assert first == second and "stamped k1" in json.dumps(first)
+        # asked again later: the recorded output, no new run
+        assert await ask("turn-a", "call_1", "k1") == first
+        assert runs(ledger)["k1"] == 1
+        # the same call id in another turn (replayed scripts reuse ids) is another call; no turn id: no ledger
+        await ask("turn-b", "call_1", "k1")
+        await ask(None, "call_1", "k2")
+        await ask(None, "call_1", "k2")
+        assert runs(ledger) == {"k1": 2, "k2": 2}
+    finally:
+        await call(rpc, "ctx.mcp.servers.remove", {"id": "ctr"})
+
+
+async def test_the_run_ledger_keeps_a_large_output_in_the_claim_store(stack):
+    from ctxbuild_mcp_catalog.adapters.tool_cache import RUN_INLINE_MAX_BYTES, KvBuckets, KvRunLedger  # noqa: PLC0415
+    from ctxbuild_platform import claims  # noqa: PLC0415
+
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        buckets = KvBuckets(lambda: nc, tools="CTX_TEST_TOOLS", leases="CTX_TEST_LEASES", turns="CTX_TEST_RUNS",
+                            lease_ttl_s=60, turn_ttl_s=600)
+        ledger = KvRunLedger(buckets, lambda: claims.store(nc))
+        big = {"output": {"type": "text", "value": "x" * (2 * RUN_INLINE_MAX_BYTES)}}
+        assert await ledger.begin("run_big", {"replica": "r1"}) is None
+        seen = await ledger.begin("run_big", {"replica": "r2"})
+        assert seen is not None and seen["state"] == "running" and seen["replica"] == "r1"
+        await ledger.finish("run_big", big)
+        for _ in range(2):  # shared claim: every re-ask reads it
+            entry = await ledger.read("run_big")
+            assert entry == {"state": "done", "result": big}
+    finally:
+        await nc.close()

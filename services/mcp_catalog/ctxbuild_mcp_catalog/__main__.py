@@ -10,11 +10,12 @@ import json
 from typing import Any
 
 import structlog
+from ctxbuild_platform import claims
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.asgi import AsgiResponse, get
 
 from .adapters.registry import Registry, apply_migrations
-from .adapters.tool_cache import KvBuckets, KvToolCache, KvTurnStore
+from .adapters.tool_cache import KvBuckets, KvRunLedger, KvToolCache, KvTurnStore
 from .catalog import Catalog
 from .handlers import make_publisher, register
 from .settings import Settings
@@ -33,7 +34,8 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
                         lease_ttl_s=max(settings.lease_ttl_s, settings.server_start_timeout_s + 5),
                         turn_ttl_s=settings.turn_ttl_s, replicas=settings.kv_replicas)
     catalog = Catalog(settings, registry, KvToolCache(buckets), KvTurnStore(buckets),
-                      publish=make_publisher(broker))
+                      publish=make_publisher(broker),
+                      runs=KvRunLedger(buckets, lambda: claims.store(broker.connection)))
     register(broker, catalog, max_workers=settings.max_workers)
 
     async def open_registry() -> None:

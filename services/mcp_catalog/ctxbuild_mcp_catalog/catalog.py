@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 from .adapters.embedder import load_embedder
 from .adapters.mcp_session import ConnectionLost, McpConnection, describe
 from .adapters.registry import ServerRecord
-from .adapters.tool_cache import ToolVectors
+from .adapters.tool_cache import ToolVectors, run_key
 from .domain import deferral, meta, outputs, ranking, resolution, schemas
 from .domain.resolution import ServerRef, ServerView, Status
 from .domain.tool_ids import servers_for_id, tool_id
@@ -41,6 +41,7 @@ from .settings import McpServerConfig, Settings
 log = structlog.get_logger("mcp_catalog")
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 CANCEL_MEMORY_S = 120.0
+RUN_POLL_S = 0.25  # how often a re-asked call in flight elsewhere is looked up again
 
 
 def wire_tool(server: McpServerConfig, tool: mcp_types.Tool) -> dict[str, Any]:
@@ -70,11 +71,12 @@ def cancelled_output() -> dict[str, Any]:
 class Catalog:
     def __init__(self, settings: Settings, registry: Any, cache: Any, turns: Any, *,
                  publish: Publish | None = None, clock: Callable[[], float] = time.time,
-                 embedder: Any | None = None) -> None:
+                 embedder: Any | None = None, runs: Any | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.cache = cache
         self.turns = turns
+        self.runs = runs  # the tool-run ledger: a call of a turn runs at most once (None: not kept)
         self.publish = publish
         self.clock = clock
         self.replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -386,7 +388,7 @@ class Catalog:
         return None
 
     async def invoke(self, tid: str, arguments: dict[str, Any], call_id: str | None,
-                     timeout_s: float | None = None) -> dict[str, Any]:
+                     timeout_s: float | None = None, turn_id: str | None = None) -> dict[str, Any]:
         if call_id and self._was_cancelled(call_id):
             return {"output": cancelled_output(), "cancelled": True}
         servers = await self._servers()
@@ -396,7 +398,40 @@ class Catalog:
         cfg, tool = hit
         timeout = min(float(timeout_s or self.settings.call_timeout_s), self.settings.max_call_timeout_s)
         args = schemas.coerce_arguments(tool.get("inputSchema"), arguments)
-        return await self._call(cfg, tool, args, call_id, timeout)
+        return await self._at_most_once(turn_id, call_id, tid, timeout,
+                                        lambda: self._call(cfg, tool, args, call_id, timeout))
+
+    async def _at_most_once(self, turn_id: str | None, call_id: str | None, tid: str, timeout: float,
+                            run: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Run a turn's tool call once: asked again (a runner resuming the turn after a crash), the recorded
+        output answers, or the run still in flight is waited for — never a second run of the tool."""
+        if self.runs is None or not (turn_id and call_id):
+            return await run()
+        key = run_key(turn_id, call_id)
+        seen = await self.runs.begin(key, {"replica": self.replica, "startedAt": self.clock(), "toolId": tid})
+        if seen is not None:
+            return await self._earlier_run(key, seen, tid, call_id, timeout)
+        result = await run()
+        try:
+            await self.runs.finish(key, result)
+        except Exception as exc:  # noqa: BLE001 - the caller still gets the output; only a re-ask would miss it
+            log.warning("tool-run-not-recorded", tool=tid, call_id=call_id, error=describe(exc))
+        return result
+
+    async def _earlier_run(self, key: str, entry: dict[str, Any], tid: str, call_id: str,
+                           timeout: float) -> dict[str, Any]:
+        """The output of a call already run (or still running, on this or another replica) for this turn."""
+        deadline = self.clock() + timeout
+        while entry.get("state") != "done" and self.clock() < deadline:
+            await asyncio.sleep(RUN_POLL_S)
+            entry = await self.runs.read(key) or entry
+        if entry.get("state") == "done":
+            log.info("tool-run-replayed", tool=tid, call_id=call_id)
+            return entry["result"]
+        log.warning("tool-run-unfinished", tool=tid, call_id=call_id, replica=entry.get("replica"))
+        return {"output": outputs.error_text(
+            f"the MCP tool call {call_id!r} was started before a restart and has not finished within {timeout:g} s; "
+            "it is not run a second time (it may or may not have completed)"), "timedOut": True}
 
     async def _call(self, cfg: McpServerConfig, tool: dict[str, Any], args: dict[str, Any], call_id: str | None,
                     timeout: float) -> dict[str, Any]:
@@ -512,7 +547,8 @@ class Catalog:
             cfg = servers[verdict.tool["serverId"]]
             timeout = min(float(payload.get("timeoutS") or self.settings.call_timeout_s),
                           self.settings.max_call_timeout_s)
-            result = await self._call(cfg, dict(verdict.tool), verdict.params, inner, timeout)
+            result = await self._at_most_once(turn_id, inner, name, timeout, lambda: self._call(
+                cfg, dict(verdict.tool), verdict.params, inner, timeout))
             return {**result, "effectiveToolName": name, "callId": inner}
 
     async def _embed_tools(self, namespace: str, tools: list[dict[str, Any]]) -> None:

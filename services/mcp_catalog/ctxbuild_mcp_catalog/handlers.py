@@ -56,9 +56,10 @@ def register(broker: NatsBroker, catalog: Catalog, *, max_workers: int = 16) -> 
 
     @rpc(broker, "ctx.mcp.invoke", queue=QUEUE, max_workers=max_workers)
     async def invoke(payload: dict[str, Any]) -> dict[str, Any]:
-        """Run one MCP tool; the tool's own failure is an `error-text` output, an unknown id is `not-found`."""
+        """Run one MCP tool; the tool's own failure is an `error-text` output, an unknown id is `not-found`. With
+        `turnId` + `callId` a call runs at most once: asked again (a resumed turn), the recorded output answers."""
         return await catalog.invoke(payload["toolId"], payload.get("arguments", {}), payload.get("callId"),
-                                    payload.get("timeoutS"))
+                                    payload.get("timeoutS"), payload.get("turnId"))
 
     @rpc(broker, "ctx.mcp.meta", queue=QUEUE, max_workers=max_workers)
     async def meta(payload: dict[str, Any]) -> dict[str, Any]:

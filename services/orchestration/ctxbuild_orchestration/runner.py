@@ -565,7 +565,7 @@ class TurnRunner:
                                     within_s=unsent, what=name, when=not_delivered)
                 return r["output"], r.get("effectiveToolName")
             if name in box.mcp_ids:
-                r = await patiently(lambda: self.backends.invoke(name, args, call["toolCallId"]),
+                r = await patiently(lambda: self.backends.invoke(name, args, call["toolCallId"], turn_id),
                                     within_s=unsent, what=name, when=not_delivered)
                 return r["output"], None
             if self.web_tools is not None and box.spec(name) is not None:

@@ -26,6 +26,8 @@ import numpy as np
 import structlog
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
+from ctxbuild_platform.claims import Claim
+
 from ..domain.resolution import CacheEntry
 
 log = structlog.get_logger("mcp_cache")
@@ -42,6 +44,15 @@ def vector_key(model_id: str, text: str) -> str:
 
 def turn_key(turn_id: str) -> str:
     return "turn_" + hashlib.sha256(turn_id.encode()).hexdigest()[:40]
+
+
+def run_key(turn_id: str, call_id: str) -> str:
+    """One tool call of one turn (call ids repeat across turns: a replayed script reuses them)."""
+    return "run_" + hashlib.sha256(f"{turn_id}\x00{call_id}".encode()).hexdigest()[:40]
+
+
+# a finished run's output up to this size is kept in the ledger entry itself; larger ones in the claim store
+RUN_INLINE_MAX_BYTES = 256 * 1024
 
 
 class KvBuckets:
@@ -203,6 +214,75 @@ class KvTurnStore:
             except KeyWrongLastSequenceError:
                 continue
         raise RuntimeError(f"turn state {turn_id!r}: too much contention")
+
+
+class KvRunLedger:
+    """Which tool calls of a turn have run, and their outputs: a runner that died with a call in flight resumes
+    the turn and asks again — the catalog answers from here instead of running the tool twice. Kept in the
+    turns bucket (its TTL); an output too large for a KV value is kept in the claim store (its TTL)."""
+
+    def __init__(self, buckets: KvBuckets, claim_store: Callable[[], Any]) -> None:
+        self.b = buckets
+        self._claims = claim_store
+
+    async def begin(self, key: str, owner: dict[str, Any]) -> dict[str, Any] | None:
+        """None: this caller owns the run now. Otherwise the entry already there (running or done)."""
+        kv = await self.b.get("turns")
+        body = json.dumps({"state": "running", **owner}, separators=(",", ":")).encode()
+        for _ in range(CAS_RETRIES):
+            try:
+                await kv.create(key, body)
+                return None
+            except KeyWrongLastSequenceError:
+                entry = await self.read(key)
+                if entry is not None:
+                    return entry
+        raise RuntimeError(f"tool run {key!r}: too much contention")
+
+    async def read(self, key: str) -> dict[str, Any] | None:
+        kv = await self.b.get("turns")
+        try:
+            e = await kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        if not e.value:
+            return None
+        entry = json.loads(e.value)
+        if entry.get("state") == "done" and "claim" in entry:
+            c = entry.pop("claim")
+            data = await self._claims().take(Claim(c["key"], c["size"], c["sha256"], shared=True).checked())
+            entry["result"] = json.loads(data)
+        return entry
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        kv = await self.b.get("turns")
+        data = json.dumps(result, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(data) <= RUN_INLINE_MAX_BYTES:
+            entry: dict[str, Any] = {"state": "done", "result": result}
+        else:
+            claim = await self._claims().put(data, shared=True)
+            entry = {"state": "done", "claim": {"key": claim.key, "size": claim.size, "sha256": claim.sha256}}
+        await kv.put(key, json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+class InMemoryRunLedger:
+    """The ledger's interface in memory (unit tests, one process)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, dict[str, Any]] = {}
+
+    async def begin(self, key: str, owner: dict[str, Any]) -> dict[str, Any] | None:
+        if key in self._runs:
+            return json.loads(json.dumps(self._runs[key]))
+        self._runs[key] = {"state": "running", **owner}
+        return None
+
+    async def read(self, key: str) -> dict[str, Any] | None:
+        entry = self._runs.get(key)
+        return json.loads(json.dumps(entry)) if entry is not None else None
+
+    async def finish(self, key: str, result: dict[str, Any]) -> None:
+        self._runs[key] = {"state": "done", "result": json.loads(json.dumps(result))}
 
 
 class InMemoryToolCache:

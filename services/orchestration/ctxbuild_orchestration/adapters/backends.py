@@ -229,6 +229,8 @@ class Backends:
         return await self.rpc.call("ctx.mcp.meta", {"arguments": arguments, "tool": tool, "turnId": turn_id,
                                                     "callId": call_id}, timeout=self.tool_timeout_s)
 
-    async def invoke(self, tool_id: str, arguments: dict[str, Any], call_id: str) -> dict:
-        return await self.rpc.call("ctx.mcp.invoke", {"toolId": tool_id, "arguments": arguments, "callId": call_id},
-                                   timeout=self.tool_timeout_s)
+    async def invoke(self, tool_id: str, arguments: dict[str, Any], call_id: str, turn_id: str | None = None) -> dict:
+        req: dict[str, Any] = {"toolId": tool_id, "arguments": arguments, "callId": call_id}
+        if turn_id:
+            req["turnId"] = turn_id  # the catalog runs a call of a turn at most once (a resumed turn asks again)
+        return await self.rpc.call("ctx.mcp.invoke", req, timeout=self.tool_timeout_s)
