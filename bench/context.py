@@ -896,9 +896,13 @@ def main() -> str | None:
         "steps_over_window == 0": d.get("steps_over_window") == 0,
         "no_task_steps == 0": d.get("no_task_steps") == 0,
         "orphan_steps == 0": d.get("orphan_steps") == 0,
-        "model_recoverable >= 0.99": (d.get("model_recoverable") or 0) >= 0.99,
-        "prefix_stability_outside_compaction == 1.0": d.get("prefix_stability_outside_compaction") == 1.0,
-        # vacuous (null) when no run exceeds the window or no peer qualifies on any run that does
+        # the targets of issue #17 for the default, on every run and both windows
+        "model_recoverable == 1.0": d.get("model_recoverable") == 1.0,
+        "prefix_stability_outside_compaction >= 0.99": (d.get("prefix_stability_outside_compaction") or 0) >= 0.99,
+        # vacuous (null) when no run exceeds the window or no peer qualifies on any run that does; cheaper than the
+        # best peer at all is reported beside the issue's 0.5 (services/compaction/README.md: not reachable under
+        # SPEC §2.2's trigger, measured)
+        "cost_ratio_vs_best_peer <= 0.5": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] <= 0.5,
         "cost_ratio_vs_best_peer < 1": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] < 1,
         "cost_ratio_vs_raw <= 1": d.get("cost_ratio_vs_raw") is None or d["cost_ratio_vs_raw"] <= 1,
         "every ctxbuild cell measured": not errors,

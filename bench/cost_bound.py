@@ -18,7 +18,7 @@ Reads a ``bench/context.py`` result (per run/window/strategy ``served_tokens_per
    summary size, and a 100-token one) and reports the cheapest and the largest f reaching ratio ≤ 0.5, with the
    mean served context (what the model sees).
 
-    .venv/bin/python services/compaction/scripts/cost_bound.py bench/results/context.json [--strategy ctxbuild/extractive]
+    .venv/bin/python bench/cost_bound.py bench/results/context.json [--strategy ctxbuild/extractive]
 """
 
 from __future__ import annotations
