@@ -320,8 +320,18 @@ def test_abort_ends_a_running_turn_whose_runner_died(stack, all_services, pages)
         r = httpx.post(f"{edge2.url}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH,
                        json={"reason": "runner gone"}, timeout=30)
         assert r.status_code == 202 and r.json()["status"] == "abort-requested", r.text
-        end = terminal(wait_for(edge2.url, cid, tid, terminal, timeout=60))
+        evs = wait_for(edge2.url, cid, tid, terminal, timeout=60)
+        end = terminal(evs)
         assert len(end) == 1 and end[0]["data"]["code"] == "aborted" and "runner gone" in end[0]["data"]["message"]
+        # the edge that ended it kept the dead runner's finished steps, as the runner would have (SPEC §15.4)
+        finished = sum(e["type"] == "ToolResultRecorded" for e in evs)
+        assert finished >= 1
+        mine = until(lambda: (ms := [m for m in messages(edge2.url, cid) if m.get("turnId") == tid]) and ms,
+                     "the dead runner's finished steps in the conversation")
+        assert len(mine) in (2 * finished, 2 * finished - 2), (finished, len(mine))
+        calls = [p["toolCallId"] for m in mine for p in m["parts"] if p["type"] == "tool-call"]
+        assert calls and sorted(calls) == sorted(p["toolCallId"] for m in mine for p in m["parts"]
+                                                  if p["type"] == "tool-result")
         nxt = httpx.post(f"{edge2.url}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
                          json={"text": "next", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
         assert nxt.status_code == 202, nxt.text  # the lock is free

@@ -54,7 +54,7 @@ from .auth import (
 )
 from .domain.results import full_output
 from .domain.turn_state import event_id, fold
-from .runner import DELTA_SUBJECT, new_id
+from .runner import DELTA_SUBJECT, keep_finished_steps, new_id
 
 log = structlog.get_logger("edge")
 
@@ -551,6 +551,8 @@ def build_api(backends: Backends, queue: TurnQueue, sse_poll_s: float,
         try:
             _, latest = await stream_tail(f"turn:{turn_id}")
             if latest is None or latest["type"] not in TERMINAL:
+                st = fold(turn_id, await backends.read_stream_all(f"turn:{turn_id}"))
+                await keep_finished_steps(backends, st, "aborted")  # as the runner would have (SPEC §15.4)
                 await backends.append(f"turn:{turn_id}", [aborted(turn_id, reason, "no runner ended it")])
                 log.warning("abort-ended-by-edge", turn_id=turn_id)
         except Exception as exc:  # noqa: BLE001 - the redelivered command reads TurnAbortRequested and ends it

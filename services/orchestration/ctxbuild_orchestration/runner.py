@@ -155,6 +155,37 @@ class ToolBox:
         return next((t for t in self.specs if t.name == name), None)
 
 
+
+async def release_provisional(backends: Backends, turn_id: str) -> None:
+    """After the persist lane: its in-flight blobs are promoted to the messages, and the fold checkpoints are not
+    needed once the turn ends."""
+    try:
+        await backends.blobs.release(("turn", turn_id), "provisional")
+    except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
+        log.warning("provisional-release-failed", turn_id=turn_id, error=str(exc))
+
+
+async def keep_finished_steps(backends: Backends, st: TurnState, code: str) -> None:
+    """A turn that ends without completing keeps its work (SPEC §15.4): the finished steps' messages join the
+    conversation through the persist lane (idempotent by the turn's persist event id) — whoever ends it, the
+    runner or the edge's abort backstop. Best effort: the terminal event matters more than the kept work."""
+    cmd = st.command or {}
+    if not cmd.get("userMessageId") or not st.finished_messages(cmd["userMessageId"]):
+        return
+    try:
+        await content.resolve_steps(backends.blobs, st)
+        finished = st.finished_messages(cmd["userMessageId"])
+        await backends.complete_turn(cmd["conversationId"], st.turn_id, finished,
+                                     (cmd.get("settings") or {}).get("truncateThreshold"),
+                                     event_id=event_id(st.turn_id, "persist"))
+        await release_provisional(backends, st.turn_id)
+        log.info("finished-steps-kept", turn_id=st.turn_id, messages=len(finished), code=code)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the terminal event matters more than the kept work
+        log.error("finished-steps-not-kept", turn_id=st.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
+
+
 ProviderFactory = Callable[[dict[str, Any], str, str], Awaitable[Provider]]
 
 
@@ -261,21 +292,7 @@ class TurnRunner:
                           retryable: bool | None = None) -> None:
         """A failed turn keeps its work (SPEC §15.4): the finished steps' messages join the conversation (the
         persist lane, idempotent by the turn's persist event id), then the terminal TurnFailed."""
-        cmd = st.command or {}
-        finished = st.finished_messages(cmd["userMessageId"]) if cmd.get("userMessageId") else []
-        if finished:
-            try:
-                await content.resolve_steps(self.backends.blobs, st)
-                finished = st.finished_messages(cmd["userMessageId"])
-                await self.backends.complete_turn(cmd["conversationId"], st.turn_id, finished,
-                                                  (cmd.get("settings") or {}).get("truncateThreshold"),
-                                                  event_id=event_id(st.turn_id, "persist"))
-                await self._release_provisional(st.turn_id)
-                log.info("finished-steps-kept", turn_id=st.turn_id, messages=len(finished), code=code)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the terminal event matters more than the kept work
-                log.error("finished-steps-not-kept", turn_id=st.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        await keep_finished_steps(self.backends, st, code)
         await self._fail(ts, code, message, retryable)
 
     async def _fail(self, ts: TurnStream, code: str, message: str, retryable: bool | None = None) -> None:
@@ -444,12 +461,7 @@ class TurnRunner:
                                            "messageIds": [m["id"] for m in messages]}})
 
     async def _release_provisional(self, turn_id: str) -> None:
-        """After the persist lane: its in-flight blobs are promoted to the messages, and the fold checkpoints
-        are not needed once the turn ends."""
-        try:
-            await self.backends.blobs.release(("turn", turn_id), "provisional")
-        except RemoteError as exc:  # the refs expire with GC's grace anyway once the turn is gone
-            log.warning("provisional-release-failed", turn_id=turn_id, error=str(exc))
+        await release_provisional(self.backends, turn_id)
 
     # ------------------------------------------------------------------ tools
     async def _toolbox(self, provider: Provider, cs: dict[str, Any], retained: dict[str, Any],
