@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 import structlog
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-
 from ctxbuild_platform.claims import Claim
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from ..domain.resolution import CacheEntry
 
@@ -263,26 +262,6 @@ class KvRunLedger:
             claim = await self._claims().put(data, shared=True)
             entry = {"state": "done", "claim": {"key": claim.key, "size": claim.size, "sha256": claim.sha256}}
         await kv.put(key, json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode())
-
-
-class InMemoryRunLedger:
-    """The ledger's interface in memory (unit tests, one process)."""
-
-    def __init__(self) -> None:
-        self._runs: dict[str, dict[str, Any]] = {}
-
-    async def begin(self, key: str, owner: dict[str, Any]) -> dict[str, Any] | None:
-        if key in self._runs:
-            return json.loads(json.dumps(self._runs[key]))
-        self._runs[key] = {"state": "running", **owner}
-        return None
-
-    async def read(self, key: str) -> dict[str, Any] | None:
-        entry = self._runs.get(key)
-        return json.loads(json.dumps(entry)) if entry is not None else None
-
-    async def finish(self, key: str, result: dict[str, Any]) -> None:
-        self._runs[key] = {"state": "done", "result": json.loads(json.dumps(result))}
 
 
 class InMemoryToolCache:
