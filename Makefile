@@ -102,10 +102,12 @@ bench-tool-search: sync  ## tool_search over the 181 real MCP tools: recall@k an
 check-schemas: sync  ## wire-schema figures over the 14 real MCP catalogs (needs ../shared/data)
 	$(PY) bench/schemas.py --out bench/results/schemas.json
 
-contracts: sync  ## regenerate contracts/asyncapi.json and contracts/openapi.json from the apps
+contracts: sync  ## regenerate the pydantic models from contracts/, and contracts/asyncapi.json + openapi.json from the apps
+	$(PY) libs/codec/codegen.py
 	$(PY) -m ctxbuild_platform.gen_docs contracts
 
-check-contracts: sync  ## fail if the generated contract documents drifted from the code
+check-contracts: sync  ## fail if the generated models or contract documents drifted from contracts/ and the code
+	$(PY) libs/codec/codegen.py --check
 	$(PY) -m ctxbuild_platform.gen_docs contracts --check
 
 k8s-validate: sync  ## render every Kubernetes overlay and component combination offline and validate them

@@ -7,7 +7,7 @@
   totalChars, totalLines}]}``; the skeleton holds ``snippet(text)`` at each key.
 
 The JSON Schemas in ``contracts/envelopes/`` are the source of truth; the models in
-:mod:`ctxbuild_codec.generated` are generated from them (``libs/codec/codegen.py``).
+:mod:`ctxbuild_codec.models.envelopes` are generated from them (``libs/codec/codegen.py``).
 
 ``render(envelope)`` gives exactly the output the in-flight lane produced for the same text (a ``text`` marker
 for v1, the ``json`` value with per-field markers for v2). ``inflate(envelope, texts)`` gives the original
@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from .codecs import assemble
-from .generated.envelope import PersistedOutput
-from .generated.v1 import PersistedOutputV1
-from .generated.v2 import PersistedOutputV2
+from .models.envelopes.envelope import PersistedOutput
+from .models.envelopes.v1 import PersistedOutputV1
+from .models.envelopes.v2 import PersistedOutputV2
 from .nontext import OF_OUTPUT, read_back, render_with_markers
 from .trim import VFS_SCHEME, degraded_excerpt, render_marker, vfs_handle
 

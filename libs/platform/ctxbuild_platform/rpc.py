@@ -1,9 +1,10 @@
 """Request/reply over core NATS with contract validation on both ends of every subject.
 
-Server side: ``@rpc(broker, "ctx.blob.put")`` wraps a handler ``async (payload: dict) -> dict``. The request is
-validated against ``contracts/subjects/<subject>.request.json`` and the result against ``….reply.json``; the
-reply is ``{"result": …}`` or ``{"error": {code, message, retryable}}``. One queue group per service, so
-replicas share the load.
+Server side: ``@rpc(broker, "ctx.blob.put")`` wraps a typed handler ``async (req: CtxBlobPutRequest) ->
+CtxBlobPutReply`` (the models generated from the contracts, :mod:`ctxbuild_codec.models`). The request is validated
+against ``contracts/subjects/<subject>.request.json``, parsed into the handler's model, and the result dumped and
+validated against ``….reply.json``; the reply is ``{"result": …}`` or ``{"error": {code, message, retryable}}``.
+One queue group per service, so replicas share the load.
 
 Client side: :class:`RpcClient` sends, decodes, and raises :class:`RemoteError` for an error reply, a timeout or
 no responders (both retryable).
@@ -15,22 +16,26 @@ client. Handlers and callers see the same dicts whatever the size.
 
 from __future__ import annotations
 
+import inspect
+import typing
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import structlog
+from ctxbuild_codec.contract_models import dump, subject_model
 from faststream._internal.context import Context  # the class behind faststream.Context(): subclassed below
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from pydantic import BaseModel
 
 from . import claims, contracts
 from .claims import decode
 from .errors import InvalidPayload, PayloadTooLarge, RemoteError, ServiceError
 from .text import LONE_SURROGATE
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = Callable[[Any], Awaitable[Any]]
 log = structlog.get_logger("rpc")
 
 
@@ -73,12 +78,27 @@ def decode_request(raw: bytes) -> Any:
     return payload
 
 
-async def dispatch(subject: str, raw: bytes, fn: Handler) -> dict[str, Any]:
-    """Validate, run, validate, wrap. Pure apart from the handler: unit-testable without a broker."""
+def request_model(subject: str, fn: Handler) -> type[BaseModel] | None:
+    """The model ``fn`` takes its request as: its first parameter's annotation, which must be the subject's generated
+    request model (or a subclass of it); None for a handler that takes the plain JSON value."""
+    params = list(inspect.signature(fn).parameters)
+    annotation = typing.get_type_hints(fn).get(params[0]) if params else None
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return None
+    contract = subject_model(subject, "request")
+    if not issubclass(annotation, contract):
+        raise TypeError(f"{fn.__qualname__} takes {annotation.__name__}, not {subject}'s request {contract.__name__}")
+    return annotation
+
+
+async def dispatch(subject: str, raw: bytes, fn: Handler, model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """Validate, parse, run, dump, validate, wrap. Pure apart from the handler: unit-testable without a broker."""
     try:
         payload = decode_request(raw)
         contracts.validate(contracts.subject_contract(subject, "request"), payload)
-        result = await fn(payload)
+        result = await fn(model.model_validate(payload) if model is not None else payload)
+        if isinstance(result, BaseModel):
+            result = dump(result)
         contracts.validate(contracts.subject_contract(subject, "reply"), result)
         return {"result": result}
     except ServiceError as exc:
@@ -111,8 +131,10 @@ async def raw_body(message: NatsMessage) -> bytes:
 def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
+        model = request_model(subject, fn)
+
         async def run(raw: bytes) -> bytes:
-            return claims.encode_json(await dispatch(subject, raw, fn))
+            return claims.encode_json(await dispatch(subject, raw, fn, model))
 
         async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
             return await claims.answer(broker, message, run)
