@@ -116,11 +116,11 @@ k8s-validate: sync  ## render every Kubernetes overlay and component combination
 IMAGE_PREFIX ?= ctxbuild
 IMAGE_TAG ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
 IMAGE_SERVICES := orchestration truncation persistence blobstore compaction mcp_catalog
-images:  ## build one image per service from the workspace (needs a Docker engine; IMAGE_PREFIX, IMAGE_TAG)
+images:  ## build one image per service from the one Dockerfile (needs a Docker engine; IMAGE_PREFIX, IMAGE_TAG)
 	@command -v docker >/dev/null || { echo "make images needs a Docker engine (docker CLI not found)" >&2; exit 1; }
 	@for s in $(IMAGE_SERVICES); do \
 		img=$(IMAGE_PREFIX)/$$(echo $$s | tr _ -):$(IMAGE_TAG); echo "== $$img"; \
-		docker build -f services/$$s/Dockerfile -t $$img . || exit 1; \
+		docker build --build-arg SERVICE=$$s -t $$img . || exit 1; \
 	done
 
 lint: sync

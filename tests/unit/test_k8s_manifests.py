@@ -362,26 +362,42 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
             for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-@pytest.mark.parametrize("service", SERVICES)
-def test_each_service_has_a_pinned_multi_stage_non_root_image(service):
-    dockerfile = REPO / "services" / service / "Dockerfile"
-    ins = _instructions(dockerfile)
+DOCKERFILE = REPO / "Dockerfile"
+MAKEFILE_IMAGES = re.search(r"^IMAGE_SERVICES := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE).group(1).split()
+
+
+def test_one_pinned_multi_stage_non_root_image_file_serves_every_service():
+    ins = _instructions(DOCKERFILE)
     args = dict(a.split("=", 1) for op, a in ins if op == "ARG" and "=" in a)
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", args["PYTHON_IMAGE"])
     froms = [a for op, a in ins if op == "FROM"]
     assert len(froms) >= 2 and all(f.startswith("${PYTHON_IMAGE}") for f in froms)
-    package = re.search(r'^name = "([^"]+)"', (dockerfile.parent / "pyproject.toml").read_text(),
-                        re.MULTILINE).group(1)
     sync = next(a for op, a in ins if op == "RUN" and "uv sync" in a)
-    assert f"--package {package} " in sync and "--frozen" in sync and "--no-dev" in sync and "--no-editable" in sync
+    assert '--package "ctxbuild-$(echo "${SERVICE}" | tr _ -)" ' in sync
+    assert "--frozen" in sync and "--no-dev" in sync and "--no-editable" in sync
     final = ins[max(i for i, (op, _) in enumerate(ins) if op == "FROM"):]
     user = next(a for op, a in final if op == "USER")
     assert re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", user), user
     assert any(op == "HEALTHCHECK" and "/healthz" in a for op, a in final)
+    assert any(op == "ENV" and "CTX_IMAGE_MODULE=ctxbuild_${SERVICE}" in a for op, a in final)
     entry = json.loads(next(a for op, a in final if op == "ENTRYPOINT"))
-    module = f"ctxbuild_{service}"
-    assert entry == ["python", "-m", module]
-    assert (dockerfile.parent / module / "__main__.py").exists()
+    assert entry[:2] == ["/bin/sh", "-c"] and entry[2] == 'exec python -m "$CTX_IMAGE_MODULE" "$@"', entry
+    assert not list((REPO / "services").glob("*/Dockerfile")), "one Dockerfile for every service"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_builds_from_the_one_dockerfile(service):
+    """``--build-arg SERVICE=<service>`` installs the package named ctxbuild-<service> and runs its module."""
+    package = re.search(r'^name = "([^"]+)"', (REPO / "services" / service / "pyproject.toml").read_text(),
+                        re.MULTILINE).group(1)
+    assert package == "ctxbuild-" + service.replace("_", "-")
+    assert (REPO / "services" / service / f"ctxbuild_{service}" / "__main__.py").exists()
+    assert service in MAKEFILE_IMAGES
+
+
+def test_mcp_catalog_image_has_git_for_its_stdio_servers():
+    run = next(a for op, a in _instructions(DOCKERFILE) if op == "RUN" and "apt-get install" in a)
+    assert 'mcp_catalog) packages="git"' in run
 
 
 def test_every_image_in_the_manifests_is_built_by_a_dockerfile(prod):
