@@ -12,7 +12,7 @@ import mcp_types
 import pytest
 from ctxbuild_mcp_catalog.adapters.registry import MemoryRegistry
 from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache, InMemoryTurnStore
-from ctxbuild_mcp_catalog.catalog import Catalog
+from ctxbuild_mcp_catalog.app import Catalog
 from ctxbuild_mcp_catalog.settings import McpServerConfig, Settings
 
 

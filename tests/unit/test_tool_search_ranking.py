@@ -16,7 +16,7 @@ from ctxbuild_mcp_catalog.adapters import embedder as embedder_mod
 from ctxbuild_mcp_catalog.adapters.embedder import MiniLmEmbedder, load_embedder
 from ctxbuild_mcp_catalog.adapters.registry import MemoryRegistry
 from ctxbuild_mcp_catalog.adapters.tool_cache import InMemoryToolCache, InMemoryTurnStore
-from ctxbuild_mcp_catalog.catalog import Catalog
+from ctxbuild_mcp_catalog.app import Catalog
 from ctxbuild_mcp_catalog.domain import ranking
 from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
 from ctxbuild_mcp_catalog.settings import McpServerConfig, Settings

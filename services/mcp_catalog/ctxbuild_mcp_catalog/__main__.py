@@ -14,10 +14,11 @@ from ctxbuild_platform import claims
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.asgi import AsgiResponse, get
 
+from .adapters.notifications import make_publisher
 from .adapters.registry import Registry, apply_migrations
 from .adapters.tool_cache import KvBuckets, KvRunLedger, KvToolCache, KvTurnStore
-from .catalog import Catalog
-from .handlers import make_publisher, register
+from .app import Catalog
+from .handlers import register
 from .settings import Settings
 
 log = structlog.get_logger("mcp_catalog")

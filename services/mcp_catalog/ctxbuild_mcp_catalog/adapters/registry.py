@@ -22,6 +22,7 @@ import asyncpg
 import structlog
 from ctxbuild_platform import migrations
 from ctxbuild_platform.errors import DependencyUnavailable
+from ctxbuild_platform.postgres import UNAVAILABLE, postgres_errors
 
 from ..settings import McpServerConfig
 
@@ -125,13 +126,14 @@ class Registry:
 
     async def list(self) -> list[ServerRecord]:
         try:
-            async with self.pool.acquire(timeout=self.timeout) as conn:
+            async with postgres_errors("postgres: registry unavailable"), \
+                    self.pool.acquire(timeout=self.timeout) as conn:
                 rows = await conn.fetch(f"SELECT {_COLUMNS} FROM {SCHEMA}.servers ORDER BY seq")
-        except (OSError, asyncpg.PostgresError, TimeoutError, DependencyUnavailable) as exc:
+        except DependencyUnavailable as exc:
             if self._snapshot is not None:
                 log.warning("registry-unavailable-serving-snapshot", error=str(exc)[:200])
                 return list(self._snapshot)
-            raise DependencyUnavailable(f"postgres: registry unavailable: {exc}") from exc
+            raise
         records = [_record(r) for r in rows]
         self._snapshot = records
         return records
@@ -144,34 +146,29 @@ class Registry:
 
     async def upsert(self, cfg: McpServerConfig) -> tuple[ServerRecord, bool, ServerRecord | None]:
         """(record, created, previous)."""
-        try:
-            async with self.pool.acquire(timeout=self.timeout) as conn, conn.transaction():
-                prev = await conn.fetchrow(f"SELECT {_COLUMNS} FROM {SCHEMA}.servers WHERE id = $1 FOR UPDATE",
-                                           cfg.id)
-                if prev is None:
-                    row = await conn.fetchrow(
-                        f"INSERT INTO {SCHEMA}.servers (id, config, source) VALUES ($1, $2::jsonb, 'api') "
-                        f"RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
-                else:
-                    row = await conn.fetchrow(
-                        f"UPDATE {SCHEMA}.servers SET config = $2::jsonb, source = 'api', revision = revision + 1, "
-                        f"updated_at = now() WHERE id = $1 RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise DependencyUnavailable(f"postgres: cannot write the registry: {exc}") from exc
+        async with postgres_errors("postgres: cannot write the registry"), \
+                self.pool.acquire(timeout=self.timeout) as conn, conn.transaction():
+            prev = await conn.fetchrow(f"SELECT {_COLUMNS} FROM {SCHEMA}.servers WHERE id = $1 FOR UPDATE", cfg.id)
+            if prev is None:
+                row = await conn.fetchrow(
+                    f"INSERT INTO {SCHEMA}.servers (id, config, source) VALUES ($1, $2::jsonb, 'api') "
+                    f"RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
+            else:
+                row = await conn.fetchrow(
+                    f"UPDATE {SCHEMA}.servers SET config = $2::jsonb, source = 'api', revision = revision + 1, "
+                    f"updated_at = now() WHERE id = $1 RETURNING {_COLUMNS}", cfg.id, cfg.model_dump_json())
         return _record(row), prev is None, (_record(prev) if prev is not None else None)
 
     async def remove(self, server_id: str) -> ServerRecord | None:
-        try:
-            async with self.pool.acquire(timeout=self.timeout) as conn:
-                row = await conn.fetchrow(f"DELETE FROM {SCHEMA}.servers WHERE id = $1 RETURNING {_COLUMNS}",
-                                          server_id)
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise DependencyUnavailable(f"postgres: cannot write the registry: {exc}") from exc
+        async with postgres_errors("postgres: cannot write the registry"), \
+                self.pool.acquire(timeout=self.timeout) as conn:
+            row = await conn.fetchrow(f"DELETE FROM {SCHEMA}.servers WHERE id = $1 RETURNING {_COLUMNS}", server_id)
         return _record(row) if row is not None else None
 
     async def announce(self, server_id: str, fingerprint: str | None) -> tuple[bool, str | None]:
         """Record ``fingerprint`` as the server's announced tool list. (True, previous) only when it differs
-        from what was announced before: the one caller that gets True publishes the change."""
+        from what was announced before: the one caller that gets True publishes the change. Postgres out of reach
+        → (False, None): nothing is announced (the next listing tries again)."""
         try:
             async with self.pool.acquire(timeout=self.timeout) as conn, conn.transaction():
                 prev = await conn.fetchrow(
@@ -181,7 +178,7 @@ class Registry:
                 await conn.execute(f"UPDATE {SCHEMA}.servers SET tools_fingerprint = $2 WHERE id = $1",
                                    server_id, fingerprint)
                 return True, prev["tools_fingerprint"]
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             log.warning("announce-failed", server=server_id, error=str(exc)[:200])
             return False, None
 
