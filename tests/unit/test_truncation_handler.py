@@ -13,8 +13,9 @@ from ctxbuild_codec import inline_truncate, marker, sha256_hex, vfs_uri
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_truncation.adapters.blobstore import BlobStore
+from ctxbuild_truncation.app import truncate_step
 from ctxbuild_truncation.domain import PutResult
-from ctxbuild_truncation.handlers import StepHandler, truncate_step
+from ctxbuild_truncation.handlers import StepHandler
 
 BIG = "".join(f"row {i}\n" for i in range(20_000))
 
@@ -151,7 +152,7 @@ async def test_claimed_output_needing_no_trim_comes_back_whole_or_too_large():
     sha = blobs.store(text)
     reply = await truncate_step(claimed(sha, name="fs_read"), blobs)  # fs_read: never truncated in flight
     assert reply["parts"][1]["output"] == {"type": "text", "value": text} and "offload" not in reply["parts"][1]
-    from ctxbuild_truncation.handlers import Limits, TooLarge
+    from ctxbuild_truncation.app import Limits, TooLarge
     with pytest.raises(TooLarge):
         await truncate_step(claimed(sha, name="fs_read"), blobs, limits=Limits(claim_inline_max_bytes=4_000))
 
@@ -199,7 +200,7 @@ async def test_small_requests_stay_on_the_loop_large_ones_go_to_threads():
 
 
 async def test_a_cpu_heavy_request_does_not_stall_a_small_one():
-    """100,000 parts (~0.6 s of decode, plan, apply and encode) vs a one-part request sent just after it."""
+    """100,000 parts (CPU-heavy decode, plan, apply and encode) vs a one-part request sent just after it."""
     heavy = json.dumps(payload(*[{"type": "text", "value": f"r{i}"} for i in range(100_000)])).encode()
     small = json.dumps(payload({"type": "text", "value": "hello"})).encode()
     with ThreadPoolExecutor(2) as pool:

@@ -13,7 +13,8 @@ from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 
 from .adapters.blobstore import BlobStore
-from .handlers import SUBJECT, Limits, StepHandler
+from .app import SUBJECT, Limits
+from .handlers import StepHandler
 from .settings import Settings
 
 QUEUE = "truncation"

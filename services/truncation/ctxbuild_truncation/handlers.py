@@ -1,13 +1,11 @@
-"""`ctx.truncate.step`: decode + validate + plan (CPU) → claims streamed back, texts put (I/O) → apply + validate +
-encode (CPU).
+"""``ctx.truncate.step``: raw request bytes → raw reply bytes, deciding only where the CPU work runs.
 
-CPU work never holds the event loop for long: a request over ``loop_max_bytes`` (or with more than
-``loop_max_parts`` parts, or with claims) has its decode/validate/plan and apply/validate/encode run on the
-service's CPU threads, so small requests keep being answered while a large one is being cut (a small one costs
-well under a millisecond of CPU: cheaper on the loop than two thread hops). The I/O (blob puts,
-claim read-backs) stays on the loop. Contracts and the reply shape are exactly those of
-``ctxbuild_platform.rpc.dispatch`` (``{"result": …}`` | ``{"error": {code, message, retryable}}``); this handler
-only decides where each piece runs.
+- A request up to ``loop_max_bytes`` with at most ``loop_max_parts`` parts and no claims is answered on the event
+  loop by the platform's ``rpc.dispatch`` (contracts, typed handler :meth:`StepHandler.step`, error mapping), as
+  every ``@rpc`` subject is: cheaper on the loop than thread hops.
+- Anything larger has its decode/validate/plan and apply/validate/encode on the service's CPU threads, so small
+  requests keep being answered while a large one is being cut; its reply shape and error mapping are those of
+  ``dispatch`` (``{"result": …}`` | ``{"error": {code, message, retryable}}``).
 """
 
 from __future__ import annotations
@@ -15,206 +13,76 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
-from ctxbuild_codec import inflight_threshold, vfs_uri
-from ctxbuild_platform import contracts, telemetry
-from ctxbuild_platform.errors import InvalidPayload, RemoteError, ServiceError
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.subjects.ctx_truncate_step_reply import CtxTruncateStepReply
+from ctxbuild_codec.models.subjects.ctx_truncate_step_request import CtxTruncateStepRequest
+from ctxbuild_platform.claims import encode_json
+from ctxbuild_platform.errors import InvalidPayload, ServiceError
+from ctxbuild_platform.rpc import dispatch
 
-from . import wire
-from .domain import (
-    Claim,
-    ClaimMeter,
-    Measured,
-    StepPlan,
-    apply_step,
-    claim_plan,
-    parse_claims,
-    plan_step,
-    written_from,
-)
+from . import app, wire
+from .app import SUBJECT, Limits
 
 log = structlog.get_logger("truncation")
-SUBJECT = "ctx.truncate.step"
-REQUEST = contracts.subject_contract(SUBJECT, "request")
-REPLY = contracts.subject_contract(SUBJECT, "reply")
 T = TypeVar("T")
-parse, encode = wire.parse, wire.encode
-Offload = Callable[..., Awaitable[Any]]
-
-
-class TooLarge(ServiceError):
-    code = "too-large"
-
-
-async def _inline(fn: Callable[..., T], *args: Any) -> T:
-    return fn(*args)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    put_concurrency: int = 16
-    claim_inline_max_bytes: int = 768 * 1024
-
-
-# ---------------------------------------------------------------- pure halves (run on a CPU thread when large)
-
-def check(payload: Any) -> dict[str, Any]:
-    contracts.validate(REQUEST, payload)
-    return payload
-
-
-def decode(raw: bytes) -> dict[str, Any]:
-    return check(parse(raw))
-
-
-def prepare(payload: dict[str, Any]) -> tuple[StepPlan, dict[int, Claim]]:
-    settings = payload.get("settings") or {}
-    threshold = inflight_threshold(settings.get("truncateThreshold"), settings.get("contextWindow"),
-                                   settings.get("reservation"))
-    claims = parse_claims(payload)
-    return plan_step(payload["parts"], threshold, claims.keys()), claims
-
-
-def finish(payload: dict[str, Any], plan: StepPlan, written: dict[str, str | None]) -> dict[str, Any]:
-    result = apply_step(payload["parts"], plan, written)
-    if result.trimmed:
-        log.info("step-trimmed", conversation_id=payload["conversationId"], turn_id=payload["turnId"],
-                 threshold=plan.threshold,
-                 trimmed=[(t["toolCallId"], t["key"], t["mode"], t["totalChars"]) for t in result.trimmed])
-    return {"parts": result.parts, "threshold": plan.threshold, "trimmed": result.trimmed}
-
-
-def finish_wire(payload: dict[str, Any], plan: StepPlan, written: dict[str, str | None]) -> bytes:
-    reply = finish(payload, plan, written)
-    contracts.validate(REPLY, reply)
-    return encode({"result": reply})
-
-
-# ---------------------------------------------------------------- the step
-
-async def run_step(payload: dict[str, Any], store: Any, *, offload: Offload = _inline,
-                   limits: Limits = Limits(), claim_slots: asyncio.Semaphore | None = None,
-                   encoded: bool = False) -> Any:
-    """One validated request → the reply (``encoded``: the wire bytes ``{"result": …}``, reply contract checked)."""
-    plan, claims = await offload(prepare, payload)
-    conversation_id, turn_id = payload["conversationId"], payload["turnId"]
-    written: dict[str, str | None] = {}
-    blobs = plan.blobs
-    with telemetry.span("truncate.offload", **{"ctx.blobs": len(blobs), "ctx.claims": len(claims)}):
-        slots = asyncio.Semaphore(max(1, limits.put_concurrency))
-
-        async def put(b):
-            async with slots:
-                return await store.put_provisional(b.text, b.sha256, conversation_id, turn_id)
-
-        claim_jobs = [_measure_claim(store, c, conversation_id, turn_id, limits, claim_slots)
-                      for c in claims.values()]
-        results = await asyncio.gather(asyncio.gather(*(put(b) for b in blobs)), *claim_jobs,
-                                       return_exceptions=True)
-        puts, measured = results[0], results[1:]
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        written = written_from(blobs, puts)
-    for claim, m in zip(claims.values(), measured, strict=True):
-        part = payload["parts"][claim.part]
-        p = claim_plan(part, plan.threshold, claim.sha256, m)
-        if p is not None:
-            plan.claim_plans[claim.part] = p
-            written[claim.sha256] = vfs_uri(claim.sha256)  # already stored; the turn's reference was just added
-        elif m.kept is not None:
-            plan.claim_texts[claim.part] = m.kept
-        else:
-            raise TooLarge(f"claimed part {claim.part} needs no trimming at threshold {plan.threshold} but its "
-                           f"{m.size} bytes cannot travel in one reply (limit {limits.claim_inline_max_bytes})")
-    if encoded:
-        return await offload(finish_wire, payload, plan, written)
-    return await offload(finish, payload, plan, written)
-
-
-async def _measure_claim(store: Any, claim: Claim, conversation_id: str, turn_id: str, limits: Limits,
-                         slots: asyncio.Semaphore | None) -> Measured:
-    """Add the turn's provisional reference and stream the claimed text through the meter (bounded memory)."""
-    async def go() -> Measured:
-        ref = asyncio.ensure_future(store.ref_provisional(claim.sha256, conversation_id, turn_id))
-        meter = ClaimMeter(limits.claim_inline_max_bytes)
-        try:
-            async with aclosing(store.stream(claim.sha256, conversation_id)) as chunks:
-                async for chunk in chunks:
-                    meter.feed(chunk)
-            await ref
-        except RemoteError as exc:
-            raise ServiceError(f"claim for part {claim.part}: {exc.message}", code=exc.code,
-                               retryable=exc.retryable) from exc
-        finally:
-            if not ref.done():
-                ref.cancel()
-            await asyncio.gather(ref, return_exceptions=True)
-        m = meter.finish()
-        if claim.size is not None and claim.size != m.size:
-            raise InvalidPayload(f"claim for part {claim.part}: declared size {claim.size} != stored {m.size}")
-        return m
-
-    with telemetry.span("truncate.claim", **{"ctx.part": claim.part, "ctx.sha256": claim.sha256}):
-        if slots is None:
-            return await go()
-        async with slots:
-            return await go()
-
-
-async def truncate_step(payload: dict[str, Any], store: Any, **kw: Any) -> dict[str, Any]:
-    """The step for an already-validated request, all on the caller's loop (tests, tools)."""
-    return await run_step(payload, store, **kw)
-
-
-# ---------------------------------------------------------------- the wire handler
-
-def _error(exc: ServiceError) -> bytes:
-    return encode({"error": exc.to_payload()})
 
 
 class StepHandler:
     """Raw request bytes → raw reply bytes, with the CPU work on ``executor`` unless the request is small."""
 
-    def __init__(self, store: Any, executor: Executor, *, limits: Limits = Limits(),
+    def __init__(self, store: Any, executor: Executor, *, limits: Limits | None = None,
                  loop_max_bytes: int = 256 * 1024, loop_max_parts: int = 64, max_claims: int = 4) -> None:
         self.store = store
         self.executor = executor
-        self.limits = limits
+        self.limits = limits or Limits()
         self.loop_max_bytes = loop_max_bytes
         self.loop_max_parts = loop_max_parts
         self.claim_slots = asyncio.Semaphore(max_claims)
+
+    async def step(self, req: CtxTruncateStepRequest) -> CtxTruncateStepReply:
+        """The step on the event loop (a small request, already checked against the contract)."""
+        reply = await app.run_step(dump(req), self.store, limits=self.limits, claim_slots=self.claim_slots)
+        return CtxTruncateStepReply.model_validate(reply)
 
     async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         ctx = contextvars.copy_context()  # the trace context follows the work (log lines keep their trace ids)
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(ctx.run, fn, *args))
 
-    async def handle(self, raw: bytes) -> bytes:
+    def _small(self, raw: bytes) -> tuple[bool, Any]:
+        """(stays on the loop, the parsed request when it was parsed here). Undecodable → the loop: ``dispatch``
+        answers it."""
+        if len(raw) > self.loop_max_bytes:
+            return False, None
         try:
-            offload: Offload = self._on_thread
-            if len(raw) <= self.loop_max_bytes:
-                payload = parse(raw)  # small: parsed here; how many parts (validation cost) and claims?
-                if (isinstance(payload, dict) and not payload.get("claims")
-                        and isinstance(payload.get("parts"), list) and len(payload["parts"]) <= self.loop_max_parts):
-                    offload = _inline
-                payload = await offload(check, payload)
+            payload = wire.parse(raw)  # small: how many parts (validation cost) and claims?
+        except InvalidPayload:
+            return True, None
+        return (isinstance(payload, dict) and not payload.get("claims") and isinstance(payload.get("parts"), list)
+                and len(payload["parts"]) <= self.loop_max_parts), payload
+
+    async def handle(self, raw: bytes) -> bytes:
+        small, payload = self._small(raw)
+        if small:
+            return encode_json(await dispatch(SUBJECT, raw, self.step, CtxTruncateStepRequest))
+        try:
+            if payload is None:
+                payload = await self._on_thread(app.decode, raw)
             else:
-                payload = await self._on_thread(decode, raw)
-            return await run_step(payload, self.store, offload=offload, limits=self.limits,
-                                  claim_slots=self.claim_slots, encoded=True)
+                payload = await self._on_thread(app.check, payload)
+            return await app.run_step(payload, self.store, offload=self._on_thread, limits=self.limits,
+                                      claim_slots=self.claim_slots, encoded=True)
         except ServiceError as exc:
             if exc.code == "invalid-payload":
                 log.warning("rejected", subject=SUBJECT, error=exc.message)
             else:
                 log.info("error-reply", subject=SUBJECT, code=exc.code, error=exc.message)
-            return _error(exc)
+            return wire.encode({"error": exc.to_payload()})
         except Exception as exc:  # a typed reply, never a bare crash
             log.exception("handler-crashed", subject=SUBJECT)
-            return encode({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500],
-                                     "retryable": False}})
+            return wire.encode({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500],
+                                          "retryable": False}})

@@ -20,7 +20,7 @@ class Settings(ServiceSettings):
                        "so a CPU-heavy step never holds the event loop")
     loop_max_bytes: int = Field(
         256 * 1024, description="requests up to this size with few parts (and no claims) are handled on the "
-                                "event loop (well under 1 ms of CPU: cheaper than thread hops); anything larger "
+                                "event loop (cheaper than thread hops); anything larger "
                                 "goes to the CPU threads")
     loop_max_parts: int = Field(64, description="…and with at most this many parts")
     gil_switch_interval_s: float = Field(
