@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 
 import pytest
@@ -153,14 +152,12 @@ async def test_blob_store_timeout_means_inline_and_full_entities(services, rpc, 
     pid = stack.procs["blobstore"]["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
-        t0 = time.monotonic()
         reply = await rpc.call("ctx.truncate.step", {
             "conversationId": conversation_id, "turnId": turn_id, "settings": {"contextWindow": 16_000},
             "parts": [{"type": "tool-result", "toolCallId": "c1", "toolName": "bash",
                        "output": {"type": "text", "value": text}},
                       {"type": "tool-result", "toolCallId": "c2", "toolName": "web_fetch",
                        "output": {"type": "json", "value": web}}]}, timeout=30)
-        elapsed = time.monotonic() - t0
     finally:
         os.kill(pid, signal.SIGCONT)
     opaque, entities = reply["parts"]
@@ -169,4 +166,3 @@ async def test_blob_store_timeout_means_inline_and_full_entities(services, rpc, 
     assert entities["output"] == {"type": "json", "value": web} and "offload" not in entities
     assert reply["trimmed"] == [{"toolCallId": "c1", "mode": "inline", "key": "", "totalChars": len(text),
                                  "totalLines": 1000}]
-    assert 4.5 < elapsed < 15

@@ -28,7 +28,7 @@ from ..settings import McpServerConfig
 
 log = structlog.get_logger("mcp_session")
 
-CLOSE_TIMEOUT_S = 8.0  # the SDK's own stdio shutdown is bounded at ~6.5 s (flush, SIGTERM, SIGKILL)
+CLOSE_TIMEOUT_S = 8.0  # above the SDK's own bound on a stdio shutdown (its flush, SIGTERM and SIGKILL waits)
 MAX_LIST_PAGES = 100
 
 
