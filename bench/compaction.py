@@ -52,7 +52,7 @@ from ctxbuild_compaction.summarizers import (
 )
 from ctxbuild_orchestration.demo import PAGE, PAGES, generate_log
 from ctxbuild_orchestration.domain.tools import FS_READ, READ_FILE
-from ctxbuild_orchestration.runner import SYSTEM_PROMPT, fixed_tokens
+from ctxbuild_orchestration.app.runner import SYSTEM_PROMPT, fixed_tokens
 from ctxbuild_providers import ModelResponse
 
 ROOT = Path(__file__).resolve().parents[1]

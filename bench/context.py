@@ -814,7 +814,7 @@ def main() -> str | None:
         return
     from ctxbuild_codec.tokens import ENCODING, count_text
     from ctxbuild_compaction.settings import Settings as CompactionSettings
-    from ctxbuild_orchestration.runner import SYSTEM_PROMPT
+    from ctxbuild_orchestration.app.runner import SYSTEM_PROMPT
 
     default_summarizer = CompactionSettings.model_fields["summarizer"].default
     tokens = TokenCounter(count_text)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 from ctxbuild_orchestration.adapters.backends import Backends, new_event
-from ctxbuild_orchestration.runner import TurnRunner
+from ctxbuild_orchestration.app.runner import TurnRunner
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import broker_options
 from ctxbuild_platform.settings import ServiceSettings

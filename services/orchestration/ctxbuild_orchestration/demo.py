@@ -23,7 +23,7 @@ from httpx_sse import connect_sse
 from rich.console import Console
 from rich.table import Table
 
-from .domain.steps import step_rows
+from .domain.steps import compaction_label, step_rows
 
 PAGE = 8000
 PAGES = 20
@@ -94,10 +94,7 @@ def compaction_by_step(events: list[dict[str, Any]]) -> dict[int, list[tuple[str
     for e in events:
         d = e["data"]
         if e["type"] == "CompactionDecided":
-            if d.get("status") == "done" and d.get("preTokens") is not None:
-                label = f"folded {d['preTokens']:,}→{d.get('postTokens') or 0:,}"
-            else:
-                label = d["status"] + (f": {d['reason']}" if d.get("reason") else "")
+            label = compaction_label(d)
             if d.get("fallback"):
                 label += f" ({d['fallback']} fallback)"
             pending.append((d.get("phase", "turn-start"), label))

@@ -22,9 +22,11 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Self
 
 import structlog
+from ctxbuild_codec.contract_models import dump, parse
+from ctxbuild_codec.models.subjects.ctx_turn_run_request import TurnRunCommand
 from ctxbuild_platform import contracts
 from ctxbuild_platform.consumers import ConsumerHealth, supervise
 from ctxbuild_platform.deadletter import DeadLetters
@@ -40,7 +42,6 @@ log = structlog.get_logger("work-queue")
 
 RUN_SUBJECT = "ctx.turn.run"
 FETCH_FAILURES_BEFORE_RESUBSCRIBE = 3
-ABORT_SUBJECT = "ctx.turn.abort"
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,34 @@ class QueueConfig:
     replicas: int = 1  # stream replicas when this service creates it (3 on a three-node JetStream cluster)
 
 
+RUN_SCHEMA = "subjects/ctx.turn.run.request.json"
+
+
+def turn_command(raw: bytes) -> TurnRunCommand:
+    """A command as its contract has it: decoded, refused when no handler could process it (too deep, a lone
+    surrogate), validated against the contract, parsed into the generated model."""
+    body = json.loads(raw)
+    if (why := unprocessable(body)) is not None:
+        raise InvalidPayload(why)
+    contracts.validate(RUN_SCHEMA, body)
+    return parse(TurnRunCommand, body)
+
+
 @dataclass
 class Delivery:
     """One delivery of a turn command to this replica."""
 
-    turn_id: str
-    conversation_id: str
+    command: TurnRunCommand
     attempt: int  # JetStream's delivery count (1 = first)
     msg: Msg
+
+    @property
+    def turn_id(self) -> str:
+        return self.command.turnId
+
+    @property
+    def conversation_id(self) -> str:
+        return self.command.conversationId
 
 
 class TurnQueue:
@@ -102,7 +123,7 @@ class TurnQueue:
         await self.dead_letters.ensure()
 
     async def submit(self, turn_id: str, conversation_id: str) -> None:
-        payload = json.dumps({"turnId": turn_id, "conversationId": conversation_id}).encode()
+        payload = json.dumps(dump(TurnRunCommand(turnId=turn_id, conversationId=conversation_id))).encode()
         await self._js().publish(self.config.subject, payload, headers={"Nats-Msg-Id": turn_id})
 
     async def pending(self) -> dict[str, int]:
@@ -163,8 +184,8 @@ class TurnQueue:
         finally:
             try:
                 await sub.unsubscribe()
-            except Exception:  # already closed on shutdown
-                pass
+            except Exception as exc:  # noqa: BLE001 - already closed on shutdown
+                log.debug("unsubscribe-failed", error=str(exc)[:200])
 
     async def _accept(self, msg: Msg) -> Delivery | None:
         """The delivery a message carries, or None once it is parked: undecodable or invalid at once (garbage
@@ -172,11 +193,7 @@ class TurnQueue:
         died or could not end it)."""
         try:
             deliveries = msg.metadata.num_delivered or 1
-            body = json.loads(msg.data)
-            if (why := unprocessable(body)) is not None:
-                raise InvalidPayload(why)
-            contracts.validate("subjects/ctx.turn.run.request.json", body)
-            delivery = Delivery(body["turnId"], body["conversationId"], deliveries, msg)
+            delivery = Delivery(turn_command(msg.data), deliveries, msg)
         except Exception as exc:  # noqa: BLE001 - RecursionError (deep nesting), UnicodeError, invalid: park
             error = exc.message if isinstance(exc, InvalidPayload) else f"{type(exc).__name__}: {exc}"
             log.error("bad-turn-command", size=len(msg.data or b""), error=error[:300])
@@ -229,11 +246,11 @@ class Heartbeat:
         self.interval = max(0.5, ack_wait_s / 3)
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> Heartbeat:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._beat())
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -243,5 +260,5 @@ class Heartbeat:
             await asyncio.sleep(self.interval)
             try:
                 await self.msg.in_progress()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried; ack_wait covers a few of them
                 log.warning("heartbeat-failed", error=str(exc))

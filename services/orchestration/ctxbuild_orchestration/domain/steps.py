@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxbuild_codec.records import offload_of
+
 
 def assistant_message(msg_id: str, parent_id: str | None, turn_id: str, parts: list[dict[str, Any]],
                       usage: dict[str, int] | None) -> dict[str, Any]:
@@ -24,6 +26,13 @@ def tool_result(call: dict[str, Any], output: dict[str, Any], effective: str | N
     return part
 
 
+def compaction_label(decision: dict[str, Any]) -> str:
+    """A CompactionDecided in a few words: ``folded 12,000→3,000``, or its status and reason."""
+    if decision.get("status") == "done" and decision.get("preTokens") is not None:
+        return f"folded {decision['preTokens']:,}→{decision.get('postTokens') or 0:,}"
+    return decision["status"] + (f": {decision['reason']}" if decision.get("reason") else "")
+
+
 def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per model call from a turn's events: what was served, which outputs were trimmed."""
     rows: dict[int, dict[str, Any]] = {}
@@ -31,10 +40,7 @@ def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in events:
         d = e["data"]
         if e["type"] == "CompactionDecided":
-            if d.get("status") == "done" and d.get("preTokens") is not None:
-                compaction = f"folded {d['preTokens']:,}→{d.get('postTokens') or 0:,}"
-            else:
-                compaction = d["status"] + (f": {d['reason']}" if d.get("reason") else "")
+            compaction = compaction_label(d)
         elif e["type"] == "StepServed":
             rows[d["step"]] = {"step": d["step"], "servedTokens": d["servedTokens"],
                                "inputTokens": (d.get("usage") or {}).get("inputTokens"),
@@ -43,10 +49,8 @@ def step_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             compaction = None
         elif e["type"] == "ToolCallRequested" and d["step"] in rows:
             rows[d["step"]]["tools"].append(d["toolName"])
-        elif e["type"] == "ToolResultRecorded" and d["step"] in rows:
-            if d.get("trimmed"):
-                rows[d["step"]]["trimmed"] += 1
-                if (d.get("offload") or {}).get("mode") == "offloaded":
-                    rows[d["step"]]["offloaded"] += 1
+        elif e["type"] == "ToolResultRecorded" and d["step"] in rows and d.get("trimmed"):
+            rows[d["step"]]["trimmed"] += 1
+            rows[d["step"]]["offloaded"] += int(offload_of(d) is not None)
     return [rows[k] for k in sorted(rows)]
 

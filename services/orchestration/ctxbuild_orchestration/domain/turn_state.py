@@ -11,8 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ctxbuild_codec.contract_models import event_model
+from ctxbuild_codec.models.events.CompactionDecided import CompactionDecided
+from ctxbuild_codec.models.events.InLoopFoldRecorded import InLoopFoldRecorded
+from ctxbuild_codec.models.events.StepServed import StepServed
+from ctxbuild_codec.models.events.ToolCallRequested import ToolCallRequested
+from ctxbuild_codec.models.events.ToolResultRecorded import ToolResultRecorded
+from ctxbuild_codec.models.events.TurnAbortRequested import TurnAbortRequested
+from ctxbuild_codec.models.events.TurnCompleted import TurnCompleted
+from ctxbuild_codec.models.events.TurnFailed import TurnFailed
+from ctxbuild_codec.models.events.TurnQueued import TurnQueued
+from ctxbuild_codec.models.events.TurnResumed import TurnResumed
+from ctxbuild_codec.models.events.TurnStarted import TurnStarted
+from pydantic import BaseModel
 
 TERMINAL = frozenset({"TurnCompleted", "TurnFailed"})
 _EVENT_NS = uuid.UUID("5f0c3c4e-6a37-4f0e-9a59-2f61d1c0a7b1")
@@ -59,7 +74,7 @@ class TurnState:
     turn_start_recorded: bool = False
     steps: dict[int, StepRecord] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None  # last InLoopFoldRecorded (the memoised fold, SPEC §9)
-    abort: dict[str, Any] | None = None
+    abort: dict[str, Any] | None = None  # TurnAbortRequested data
     terminal: dict[str, Any] | None = None  # {"type": …, "data": …}
 
     @property
@@ -98,35 +113,45 @@ class TurnState:
         return out
 
 
+def event_data(event: Mapping[str, Any]) -> BaseModel | None:
+    """An event's ``data`` as its generated model (None for a type without a contract). The store holds only events
+    that passed their contract on append (persistence validates every one), so this reads them back typed without
+    validating again; nested values stay the very objects that were read (a message, an output, a checkpoint is
+    stored and hashed again as it came, never re-serialized)."""
+    model = event_model(event["type"])
+    return model.model_construct(**event["data"]) if model is not None else None
+
+
 def fold(turn_id: str, events: list[dict[str, Any]]) -> TurnState:
     """Events of ``turn:<turn_id>`` in version order → the state a runner resumes from."""
     st = TurnState(turn_id)
     for ev in events:
         st.version = ev.get("version", st.version + 1)
-        t, d = ev["type"], ev["data"]
-        if t == "TurnQueued":
-            st.command = d
-        elif t in ("TurnStarted", "TurnResumed"):
-            st.started = True
-            st.attempts += 1
-        elif t == "CompactionDecided" and d.get("phase") == "turn-start":
-            st.turn_start_recorded = True
-        elif t == "StepServed" and d.get("assistantMessage"):
-            st.steps[d["step"]] = StepRecord(d["step"], d["assistantMessage"])
-        elif t == "ToolCallRequested" and d["step"] in st.steps:
-            st.steps[d["step"]].requested.add(d["toolCallId"])
-        elif t == "ToolResultRecorded" and d["step"] in st.steps:
-            part = {"type": "tool-result", "toolCallId": d["toolCallId"], "toolName": d["toolName"],
-                    "output": d["output"]}
-            if d.get("effectiveToolName"):
-                part["effectiveToolName"] = d["effectiveToolName"]
-            if d.get("offload"):
-                part["offload"] = d["offload"]
-            st.steps[d["step"]].results[d["toolCallId"]] = part
-        elif t == "InLoopFoldRecorded":
-            st.checkpoint = {k: v for k, v in d.items() if k not in ("turnId", "step")}
-        elif t == "TurnAbortRequested":
-            st.abort = d
-        elif t in TERMINAL:
-            st.terminal = {"type": t, "data": d}
+        d = ev["data"]
+        match event_data(ev):
+            case TurnQueued():
+                st.command = d  # forwarded as recorded (settings, provider, trace)
+            case TurnStarted() | TurnResumed():
+                st.started = True
+                st.attempts += 1
+            case CompactionDecided(phase="turn-start"):
+                st.turn_start_recorded = True
+            case StepServed(step=step, assistantMessage=message) if message:
+                st.steps[step] = StepRecord(step, message)
+            case ToolCallRequested(step=step, toolCallId=call_id) if step in st.steps:
+                st.steps[step].requested.add(call_id)
+            case ToolResultRecorded(step=step) as r if step in st.steps:
+                part = {"type": "tool-result", "toolCallId": r.toolCallId, "toolName": r.toolName,
+                        "output": r.output}
+                if r.effectiveToolName:
+                    part["effectiveToolName"] = r.effectiveToolName
+                if r.offload:
+                    part["offload"] = r.offload
+                st.steps[step].results[r.toolCallId] = part
+            case InLoopFoldRecorded():
+                st.checkpoint = {k: v for k, v in d.items() if k not in ("turnId", "step")}
+            case TurnAbortRequested():
+                st.abort = d
+            case TurnCompleted() | TurnFailed():
+                st.terminal = {"type": ev["type"], "data": d}
     return st

@@ -40,13 +40,14 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagate import extract
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
-from .adapters import content
-from .adapters.backends import Backends, not_delivered, patiently, transient
-from .domain.arguments import argument_error, invalid_arguments_output
-from .domain.steps import tool_result
-from .domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
-from .domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
-from .domain.window_fit import fit_window
+from ..adapters import content
+from ..adapters.backends import Backends, not_delivered, patiently, transient
+from ..adapters.deltas import DELTA_SUBJECT
+from ..domain.arguments import argument_error, invalid_arguments_output
+from ..domain.steps import tool_result
+from ..domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
+from ..domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
+from ..domain.window_fit import fit_window
 
 log = structlog.get_logger("runner")
 SYSTEM_PROMPT = (
@@ -59,8 +60,7 @@ FAST_COMPACTION_TIMEOUT_S = 45.0  # a fold without a model call (TextRank over a
 TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
-MAX_ATTEMPTS = 5
-DELTA_SUBJECT = "ctx.turn.delta"  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
+MAX_ATTEMPTS = 5  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
 
 
 def new_id(prefix: str) -> str:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ctxbuild_codec.codecs import assemble
+from ctxbuild_codec.records import offload_of
 
 
 async def full_output(backends: Any, conversation_id: str, part: dict[str, Any]) -> dict[str, Any]:
@@ -17,12 +18,14 @@ async def full_output(backends: Any, conversation_id: str, part: dict[str, Any])
         r = await backends.rpc.call("ctx.blob.get_result", {"conversationId": conversation_id,
                                                            "envelope": output["value"]}, timeout=60)
         return {"output": r["output"], "source": "persisted", "gone": r.get("gone", [])}
-    off = part.get("offload") or {}
-    if off.get("mode") == "offloaded" and isinstance(off.get("original"), dict):
+    off = offload_of(part)  # a trimmed result's offload record, when its output went to the blob store
+    if off is None:
+        return {"output": output, "source": "stored"}
+    if isinstance(off.get("original"), dict):
         # a non-text or json output kept whole (SPEC §15.1): read back byte-identical by the blob store
         r = await backends.blobs.get_result(conversation_id, offload=off)
         return {"output": r["output"], "source": "offloaded"}
-    if off.get("mode") == "offloaded" and off.get("sha256") and not off.get("blobs"):
+    if off.get("sha256") and not off.get("blobs"):
         text = await backends.blobs.get_text(conversation_id, sha256=off["sha256"])
         kind = "error-text" if output.get("type") in ("error-text", "error-json") else "text"
         return {"output": {"type": kind, "value": text}, "source": "offloaded"}
