@@ -44,7 +44,7 @@ run: up demo  ## the main job: bring the stack up and run the offline demo
 demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
 	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
-test: sync check-contracts k8s-validate test-security test-chaos  ## unit, contract, integration, end-to-end, attack and chaos tests on a real local stack
+test: sync lint check-contracts k8s-validate test-security test-chaos  ## unit, contract, integration, end-to-end, attack and chaos tests on a real local stack
 	@$(PY) -m pytest tests -m "not security and not chaos"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass" >&2; exit 1; fi; \
 	exit $$rc
@@ -123,8 +123,8 @@ images:  ## build one image per service from the one Dockerfile (needs a Docker 
 		docker build --build-arg SERVICE=$$s -t $$img . || exit 1; \
 	done
 
-lint: sync
-	$(UV) run --frozen ruff check libs services tests bench
+lint: sync  ## ruff over libs, services, tests and bench (the rules: pyproject.toml [tool.ruff])
+	$(PY) -m ruff check libs services tests bench
 
 clean: down
 	rm -rf $(STACK_DIR) .venv $(TOOLS)

@@ -31,10 +31,10 @@ from pathlib import Path
 import asyncpg
 import nats
 from ctxbuild_devstack import Stack, private_stack
-from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
 from ctxbuild_persistence.domain.append import NewEvent
+from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 
 EVENT_BYTES = 1024

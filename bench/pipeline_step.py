@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import time
@@ -26,15 +27,26 @@ from faststream.nats import NatsBroker
 from rich.progress import Progress
 
 
-def tool_output(i: int, size: int = 50_000) -> str:
-    # distinct content per iteration, so every step really writes a new blob (no dedup shortcut)
-    line = f"iteration {i:06d} " + "lorem ipsum dolor sit amet " * 3
+def tool_output(tag: int | str, size: int = 50_000) -> str:
+    """Text of exactly ``size`` chars (ASCII), distinct per ``tag``: every step really writes a new blob (no dedup
+    shortcut)."""
+    label = f"{tag:06d}" if isinstance(tag, int) else tag
+    line = f"iteration {label} " + "lorem ipsum dolor sit amet " * 3
     return "\n".join(f"{n:05d} {line}" for n in range(size // (len(line) + 7) + 1))[:size]
+
+
+def write_result(out: Path, result: dict) -> None:
+    """``result`` with the machine it ran on, written to ``out`` and printed."""
+    result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                         "platform": platform.platform()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
 
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 async def measure(stack: Stack, n: int, warmup: int) -> dict:
@@ -102,11 +114,7 @@ def main() -> None:
     args = ap.parse_args()
     with private_stack("ctxbench-", services=["blobstore", "persistence", "truncation"]) as st:
         result = asyncio.run(measure(st, args.n, args.warmup))
-    result["machine"] = {"python": platform.python_version(), "cpus": __import__("os").cpu_count(),
-                         "platform": platform.platform()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -28,24 +28,13 @@ import time
 from pathlib import Path
 
 from ctxbuild_codec.tokens import count_text
+from ctxbuild_mcp_catalog.adapters.catalog_files import load_catalogs
 from ctxbuild_mcp_catalog.domain import deferral, meta, schemas
 from ctxbuild_mcp_catalog.domain.schemas import DIALECTS
-from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGS = ROOT.parent / "shared" / "data" / "mcp-catalogs"
 WINDOWS = (200_000, 32_000)
-
-
-def load(folder: Path) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for f in sorted(folder.glob("*.tools.json")):
-        doc = json.loads(f.read_text())
-        out[doc["server"]] = [{"id": tool_id(doc["server"], t["name"], doc["server"]), "name": t["name"],
-                               "serverId": doc["server"], "namespace": doc["server"],
-                               "description": t.get("description") or "", "inputSchema": t["inputSchema"]}
-                              for t in doc["tools"]]
-    return out
 
 
 def tool_tokens(wire: dict) -> int:
@@ -54,7 +43,7 @@ def tool_tokens(wire: dict) -> int:
 
 def run(folder: Path) -> dict:
     t0 = time.perf_counter()
-    catalogs = load(folder)
+    catalogs = load_catalogs(folder)
     per_dialect = {d: {"invalid_wire_schemas": 0, "invalid_examples_sent": 0, "examples_sent": 0,
                        "examples_dropped": 0, "defaults_dropped": 0, "wire_tokens": 0} for d in DIALECTS}
     per_dialect["openai-strict"]["tools_strict"] = 0

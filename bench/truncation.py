@@ -1,6 +1,6 @@
 """Benchmark: the truncation service (``ctx.truncate.step``) vs its floor, side by side in one run.
 
-For a 50 KB and a 1 MB tool output (log-like text, distinct per iteration: no dedup shortcut):
+For a 50 KB and a 1 MB tool output (numbered text lines, distinct per iteration: no dedup shortcut):
 - step  = one ``ctx.truncate.step`` round trip from a caller (pre-encoded request bytes, reply decoded): the
           service decodes and validates, cuts with the codec, puts the full text into the blob store with a
           provisional reference (50 KB: inline ``ctx.blob.put``; 1 MB: the chunked ``ctx.blob.upload`` — both via
@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -45,21 +43,10 @@ from ctxbuild_blobclient import BlobClient
 from ctxbuild_devstack import Stack, free_port, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
+from pipeline_step import tool_output, write_result  # a sibling bench (run from bench/)
 
 TARGET_RATIO = 1.5
 SIZES = {"50KB": 50_000, "1MB": 1_000_000}
-WORDS = ["alpha", "beta", "gamma", "delta", "tool", "output", "status=ok", "latency_ms=12", "GET", "/api/v1"]
-
-
-def tool_output(tag: str, size: int) -> str:
-    """Distinct log-like text of exactly ``size`` chars (ASCII: bytes == chars)."""
-    rnd = random.Random(tag)
-    out, n = [], 0
-    while n < size:
-        line = f"{tag} {len(out):06d} " + " ".join(rnd.choice(WORDS) for _ in range(8)) + "\n"
-        out.append(line)
-        n += len(line)
-    return "".join(out)[:size]
 
 
 def step_request(conv: str, turn: str, call: str, text: str, tool: str = "mcp__shell__run_0123") -> bytes:
@@ -248,11 +235,7 @@ def main() -> None:
         result = asyncio.run(measure(st, args.n, args.warmup, {"50KB": args.tp_50kb, "1MB": args.tp_1mb}))
     result["ratio_holds"] = all(v["step_ratio_vs_floor"]["median"] <= TARGET_RATIO
                                 for v in result["latency"].values())
-    result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                         "platform": platform.platform()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

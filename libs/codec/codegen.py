@@ -97,8 +97,8 @@ def write_index(out: Path, spec: Target, contracts: Path) -> None:
             if name is None:
                 raise SystemExit(f"{folder}/{schema.name}: no generated class is named after its title {title!r}")
             rows.append(f"    {f'{folder}/{schema.name}'!r}: ({module!r}, {name!r}),")
-    (out / "index.py").write_text(spec.header + "\n\"\"\"Each schema under contracts/ → (module, class) of its model.\"\"\"\n\n"
-                                  "MODELS = {\n" + "\n".join(rows) + "\n}\n")
+    doc = '"""Each schema under contracts/ → (module, class) of its model."""'
+    (out / "index.py").write_text(spec.header + f"\n{doc}\n\nMODELS = {{\n" + "\n".join(rows) + "\n}\n")
 
 
 def drift(target: str = "models", out: Path | None = None, contracts: Path = CONTRACTS) -> list[str]:

@@ -34,6 +34,8 @@ from ctxbuild_codec import (
 from ctxbuild_codec.codecs import get_at
 from ctxbuild_codec.envelopes import blob_refs, inflate, render
 
+from tests.support.realdata import freshwiki_text
+
 pytestmark = pytest.mark.shared_data
 
 THRESHOLD = inflight_threshold(30_000, 16_000)  # 4,800: a 16k-token window, as small models have
@@ -190,15 +192,6 @@ def test_storm_search_results_as_web_search_entities(shared_data):
 
 
 # ---------- web pages as web_fetch results ----------
-
-def freshwiki_text(sections: list[dict[str, Any]], depth: int = 2) -> str:
-    out = []
-    for s in sections:
-        out.append("#" * depth + " " + s["section_title"])
-        out.append(" ".join(x["sentence"] for x in s.get("section_content") or []))
-        out.append(freshwiki_text(s.get("subsections") or [], depth + 1))
-    return "\n\n".join(p for p in out if p)
-
 
 def test_freshwiki_pages_as_web_fetch_results(shared_data):
     pages = sorted((shared_data / "web" / "freshwiki").glob("*.json"))

@@ -13,8 +13,8 @@ import json
 import pytest
 from ctxbuild_codec import compaction_budget, inflight_threshold, trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages, count_text
+from ctxbuild_compaction.app import ExtractiveSummarizer, MaskingSummarizer, fold_with_fallback
 from ctxbuild_compaction.domain import Checkpoint, InLoopSettings, finish_in_loop, orphans, plan_in_loop
-from ctxbuild_compaction.summarizers import ExtractiveSummarizer, MaskingSummarizer, fold_with_fallback
 
 pytestmark = [pytest.mark.shared_data]
 

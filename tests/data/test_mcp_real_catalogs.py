@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from ctxbuild_mcp_catalog.adapters.catalog_files import load_catalogs
 from ctxbuild_mcp_catalog.domain import deferral, meta, schemas
 from ctxbuild_mcp_catalog.domain.schemas import DIALECTS, check_examples, check_wire, wire_tool
-from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
 
 pytestmark = pytest.mark.shared_data
 
@@ -19,14 +18,7 @@ def catalogs(shared_data: Path) -> dict[str, list[dict]]:
     files = sorted((shared_data / "mcp-catalogs").glob("*.tools.json"))
     if not files:
         pytest.skip("no MCP catalogs in the shared data folder")
-    out = {}
-    for f in files:
-        doc = json.loads(f.read_text())
-        out[doc["server"]] = [{"id": tool_id(doc["server"], t["name"], doc["server"]), "name": t["name"],
-                               "serverId": doc["server"], "namespace": doc["server"],
-                               "description": t.get("description") or "", "inputSchema": t["inputSchema"]}
-                              for t in doc["tools"]]
-    return out
+    return load_catalogs(shared_data / "mcp-catalogs")
 
 
 def test_there_are_14_catalogs(catalogs):

@@ -17,15 +17,14 @@ import pytest
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_codec import envelopes
 
-pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
+from tests.support.realdata import REAL_DATA_SERVICES, services_fixture
+
+pytestmark = REAL_DATA_SERVICES
 
 TRAJECTORY = "trajectories/03_miniswe_deepseek-chat_sqlfluff-1733.traj.json"
 
 
-@pytest.fixture(scope="module")
-def services(start_service) -> None:
-    start_service("blobstore")
-    start_service("persistence")
+services = services_fixture("blobstore", "persistence")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +102,7 @@ async def test_real_trajectory_through_the_persist_lane(services, rpc, stack, tr
     stored_tools = [m for m in h["messages"] if m["role"] == "tool"]
     client = BlobClient(rpc)
     recovered = 0
-    for msg, raw in zip(stored_tools, raws):
+    for msg, raw in zip(stored_tools, raws, strict=False):
         out = msg["parts"][0]["output"]
         if out["type"] != "persisted":
             assert out == {"type": "text", "value": raw}  # under the threshold: stored as is

@@ -29,16 +29,14 @@ from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import envelopes, inflight_threshold, marker, sha256_hex
 from ctxbuild_codec.lanes import entity_blobs_to_trim
 
-pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
+from tests.support.realdata import REAL_DATA_SERVICES, freshwiki_text, services_fixture, start_conversation
+
+pytestmark = REAL_DATA_SERVICES
 
 STORM = "trajectories/06_storm_websearch_CRW_telesystem/conversation_log.json"
 
 
-@pytest.fixture(scope="module")
-def services(start_service) -> None:
-    start_service("blobstore")
-    start_service("truncation")
-    start_service("persistence")
+services = services_fixture("blobstore", "truncation", "persistence")
 
 
 def ids(n: int, rng: random.Random) -> list[str]:
@@ -62,15 +60,6 @@ def storm_searches(root: Path) -> list[list[dict[str, Any]]]:
     return out
 
 
-def freshwiki_text(sections: list[dict[str, Any]], depth: int = 2) -> str:
-    out = []
-    for s in sections:
-        out.append("#" * depth + " " + s["section_title"])
-        out.append(" ".join(x["sentence"] for x in s.get("section_content") or []))
-        out.append(freshwiki_text(s.get("subsections") or [], depth + 1))
-    return "\n\n".join(p for p in out if p)
-
-
 def freshwiki_pages(root: Path) -> list[dict[str, Any]]:
     pages = sorted((root / "web" / "freshwiki").glob("*.json"))
     if not pages:
@@ -92,19 +81,15 @@ def wire_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def start_conversation(rpc, user_id: str) -> str:
-    cid = f"conv-real-{uuid.uuid4().hex}"
-    await rpc.call("ctx.persist.append", {"streamId": f"conversation:{cid}", "expectedVersion": 0, "events": [
-        {"eventId": str(uuid.uuid4()), "type": "UserMessageAdded",
-         "data": {"message": {"id": user_id, "role": "user", "parts": [{"type": "text", "text": "research"}]}}}]})
-    return cid
+async def open_conversation(rpc, user_id: str) -> str:
+    return await start_conversation(rpc, f"conv-real-{uuid.uuid4().hex}", user_id, "research")
 
 
 async def run_turn(rpc, stack, tool: str, outputs: list[list[dict[str, Any]]], window: int) -> dict[str, int]:
     """Every output as one step of one turn; then the turn stored both ways; everything checked."""
     threshold = inflight_threshold(None, window)
     prefix = uuid.uuid4().hex[:12]
-    cid = await start_conversation(rpc, f"{prefix}-u")
+    cid = await open_conversation(rpc, f"{prefix}-u")
     turn = f"turn-{prefix}"
     raw_parts = [{"type": "tool-result", "toolCallId": f"call-{i}", "toolName": tool,
                   "output": {"type": "json", "value": value}} for i, value in enumerate(outputs)]
@@ -170,7 +155,7 @@ async def run_turn(rpc, stack, tool: str, outputs: list[list[dict[str, Any]]], w
         assert citations(part["output"]["value"]) == citations(raw["output"]["value"])
 
     # 2. the outputs in full: the persist lane's envelopes keep the citations and render to the in-flight bytes
-    cid2 = await start_conversation(rpc, f"{prefix}-u")
+    cid2 = await open_conversation(rpc, f"{prefix}-u")
     stored = await store(raw_parts, cid2, f"{prefix}-2")
     for part, out, raw in zip(stored, served, raw_parts, strict=True):
         output = part["output"]
@@ -187,7 +172,7 @@ async def test_storm_search_results_trimmed_per_entity(shared_data, services, rp
     searches = storm_searches(shared_data)
     assert len(searches) == 12 and sum(len(s) for s in searches) == 108
     everything = [e for s in searches for e in s]
-    figures = await run_turn(rpc, stack, "web_search", searches + [everything], window)
+    figures = await run_turn(rpc, stack, "web_search", [*searches, everything], window)
     assert figures["entities"] == 216
     assert figures["trimmed"] >= (2 if window == 16_000 else 20), figures
     print(f"\nSTORM W={window}: {figures}")

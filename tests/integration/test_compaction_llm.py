@@ -9,8 +9,8 @@ import pytest
 from ctxbuild_codec import summarizer_budgets
 from ctxbuild_compaction.adapters.persistence import History
 from ctxbuild_compaction.adapters.providers import make_provider
+from ctxbuild_compaction.app import Summarizers, in_loop, turn_start
 from ctxbuild_compaction.domain.llm_input import INSTRUCTION, SYSTEM
-from ctxbuild_compaction.handlers import Summarizers, in_loop, turn_start
 from ctxbuild_compaction.settings import Settings
 from ctxbuild_devstack import free_port
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 
 import asyncpg
@@ -12,7 +11,7 @@ import httpx
 import pytest
 from ctxbuild_platform.errors import RemoteError
 
-from tests.support.persistence import append, event, new_id
+from tests.support.persistence import append, event, new_id, read_all_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -104,31 +103,15 @@ async def test_concurrent_appends_leave_no_gaps_in_global_order(persistence, rpc
     head = (await append(rpc, f"test:{new_id()}", [event("ThingHappened", {})]))["positions"][0]
     streams = [f"test:{new_id()}" for _ in range(20)]
     done = asyncio.Event()
-    seen: list[int] = []
-    gaps: list[tuple[int, list[int]]] = []
-
-    async def reader() -> None:
-        # pages through the global order while appends commit; a page must always continue the cursor
-        cursor = head
-        while True:
-            finished = done.is_set()
-            page = await rpc.call("ctx.persist.read_all", {"afterPosition": cursor, "limit": 500})
-            positions = [x["position"] for x in page["events"]]
-            if positions != list(range(cursor + 1, cursor + 1 + len(positions))):
-                gaps.append((cursor, positions))
-            seen.extend(positions)
-            cursor = page["lastPosition"]
-            if finished and not positions:
-                return
-            await asyncio.sleep(0)
 
     async def writer(stream: str) -> dict:
         return await append(rpc, stream, [event("ThingHappened", {"k": k}) for k in range(3)], expected=0)
 
-    task = asyncio.create_task(reader())
+    # pages through the global order while appends commit; a page must always continue the cursor
+    task = asyncio.create_task(read_all_until(rpc, head, done, limit=500))
     results = await asyncio.gather(*(writer(s) for s in streams))
     done.set()
-    await asyncio.wait_for(task, 30)
+    seen, gaps = await asyncio.wait_for(task, 30)
 
     assert gaps == []
     mine = sorted(p for r in results for p in r["positions"])
@@ -140,17 +123,6 @@ async def test_concurrent_appends_leave_no_gaps_in_global_order(persistence, rpc
         got = await rpc.call("ctx.persist.read_stream", {"streamId": s})
         assert [x["position"] for x in got["events"]] == r["positions"]
         assert [x["version"] for x in got["events"]] == [1, 2, 3]
-
-
-async def _wait_for(predicate, timeout: float = 15.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval)
 
 
 async def test_outbox_relays_to_jetstream_once(persistence, rpc, nats_broker, stack):
@@ -169,7 +141,7 @@ async def test_outbox_relays_to_jetstream_once(persistence, rpc, nats_broker, st
         except NotFoundError:
             return None
 
-    msg = await _wait_for(published)
+    msg = await wait_until(published)
     assert msg.headers["Nats-Msg-Id"] == ev["eventId"]
     body = json.loads(msg.data)
     assert body["eventId"] == ev["eventId"] and body["position"] == position and body["type"] == type_
@@ -190,7 +162,7 @@ async def test_outbox_relays_to_jetstream_once(persistence, rpc, nats_broker, st
                                     position)
             return r if r["published_at"] is not None else None
 
-        row = await _wait_for(republished)
+        row = await wait_until(republished)
         assert row["attempts"] == 2
     finally:
         await conn.close()
@@ -293,7 +265,7 @@ async def test_killed_service_restarts_and_republishes_unmarked_rows_once(persis
             return 0
         return (info.state.subjects or {}).get(subject, 0)
 
-    await _wait_for(count)
+    await wait_until(count)
     stack.stop("persistence", sig=signal.SIGKILL)
     # the crash window: JetStream acked, the outbox row was never marked
     conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
@@ -305,7 +277,7 @@ async def test_killed_service_restarts_and_republishes_unmarked_rows_once(persis
             return await conn.fetchval("SELECT published_at IS NOT NULL FROM persistence.outbox "
                                        "WHERE position = $1", position)
 
-        await _wait_for(marked)
+        await wait_until(marked)
     finally:
         await conn.close()
     assert await count() == 1

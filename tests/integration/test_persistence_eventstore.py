@@ -13,7 +13,7 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 
-from tests.support.persistence import append, event, new_id
+from tests.support.persistence import append, event, new_id, read_all_until
 
 pytestmark = pytest.mark.integration
 
@@ -105,21 +105,6 @@ async def test_global_order_is_gap_free_while_many_streams_append(persistence, r
     finally:
         await conn.close()
     done = asyncio.Event()
-    pages_with_gaps: list = []
-    seen: list[int] = []
-
-    async def reader() -> None:
-        cursor = head
-        while True:
-            finished = done.is_set()
-            page = await rpc.call("ctx.persist.read_all", {"afterPosition": cursor, "limit": 200})
-            got = [e["position"] for e in page["events"]]
-            if got and got[0] != cursor + 1 or got != sorted(got) or (got and got[-1] - got[0] != len(got) - 1):
-                pages_with_gaps.append((cursor, got[:5]))
-            seen.extend(got)
-            cursor = page["lastPosition"]
-            if finished and not got:
-                return
 
     async def writer(i: int) -> list[int]:
         out = []
@@ -129,11 +114,12 @@ async def test_global_order_is_gap_free_while_many_streams_append(persistence, r
                                  * 1, expected=k))["positions"]
         return out
 
-    readers = [asyncio.create_task(reader()) for _ in range(3)]
+    readers = [asyncio.create_task(read_all_until(rpc, head, done, limit=200)) for _ in range(3)]
     written = await asyncio.gather(*(writer(i) for i in range(40)))
     done.set()
-    await asyncio.wait_for(asyncio.gather(*readers), 60)
-    assert pages_with_gaps == []
+    pages = await asyncio.wait_for(asyncio.gather(*readers), 60)
+    assert [gap for _, gaps in pages for gap in gaps] == []
+    seen = [p for positions, _ in pages for p in positions]
     mine = sorted(p for ps in written for p in ps)
     assert mine == list(range(mine[0], mine[0] + 200))  # 200 appends, 200 consecutive positions
     assert set(mine) <= set(seen)

@@ -14,12 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import asyncpg
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from tests.support.persistence import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -93,17 +94,6 @@ class TrackingConsumer:
         self._stop.set()
 
 
-async def _until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached in {timeout}s")
-        await asyncio.sleep(0.02)
-
-
 async def test_relay_killed_mid_stream_then_restarted_delivers_every_event_once(
         stack, start_service, rpc, nats_broker):
     start_service("persistence")
@@ -117,7 +107,7 @@ async def test_relay_killed_mid_stream_then_restarted_delivers_every_event_once(
     # the stream exists once the relay has run (the service creates it); make sure before subscribing
     await rpc.call("ctx.persist.append", {"streamId": f"test:{new_id()}", "expectedVersion": 0, "events": [
         {"eventId": new_id(), "type": "Warmup", "data": {}}]})
-    await _until(lambda: _stream_exists(js), 15, "CTX_EVENTS created")
+    await wait_until(lambda: _stream_exists(js), 15, "CTX_EVENTS created", interval=0.02)
     consumer = TrackingConsumer(js, consumer_pg, schema, subject, durable=f"relaytest-{uuid.uuid4().hex[:8]}")
     await consumer.setup()
     task = asyncio.create_task(consumer.run())
@@ -143,7 +133,7 @@ async def test_relay_killed_mid_stream_then_restarted_delivers_every_event_once(
             return await pg.fetchval("SELECT count(*) FROM persistence.outbox WHERE position >= $1 "
                                      "AND published_at IS NOT NULL", first_position)
 
-        await _until(lambda: _ge(published, total // 4), 30, "relay started")
+        await wait_until(lambda: _ge(published, total // 4), 30, "relay started", interval=0.02)
         stack.stop("persistence", sig=signal.SIGKILL)  # mid-stream: the open batch's marks are lost
         done_at_kill = await published()
         assert 0 < done_at_kill < total, f"not mid-stream: {done_at_kill}/{total} published at the kill"
@@ -159,12 +149,12 @@ async def test_relay_killed_mid_stream_then_restarted_delivers_every_event_once(
             "SELECT position FROM persistence.projection_tracking WHERE name = 'conversation'")
 
         start_service("persistence")
-        await _until(lambda: _ge(published, total), 60, "relay finished after the restart")
+        await wait_until(lambda: _ge(published, total), 60, "relay finished after the restart", interval=0.02)
 
         async def consumer_done():
             return await pg.fetchval(f"SELECT count(*) FROM {schema}.applied") >= APPENDS * PER_APPEND
 
-        await _until(consumer_done, 30, "consumer applied everything")
+        await wait_until(consumer_done, 30, "consumer applied everything", interval=0.02)
         await asyncio.sleep(1.5)  # past ack_wait: the skipped acks have been redelivered (and ignored)
         consumer.stop()
         await asyncio.wait_for(task, 10)

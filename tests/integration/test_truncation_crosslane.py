@@ -22,6 +22,8 @@ import orjson
 import pytest
 from ctxbuild_codec import envelopes, sha256_hex, vfs_uri
 
+from tests.support.realdata import services_fixture, start_conversation
+
 pytestmark = pytest.mark.integration
 
 THRESHOLD = 4_800  # configured for both lanes (no window): the in-flight and the persist thresholds agree
@@ -29,11 +31,7 @@ BIG = "".join(f"{i:05d} tool output line with some words, status=ok latency_ms={
 UNICODE = "".join(f"{i:04d} Zażółć gęślą jaźń — 東京 🚀 ¶{i}\n" for i in range(900))
 
 
-@pytest.fixture(scope="module")
-def services(start_service) -> None:
-    start_service("blobstore")
-    start_service("truncation")
-    start_service("persistence")
+services = services_fixture("blobstore", "truncation", "persistence")
 
 
 def new_id() -> str:
@@ -62,12 +60,8 @@ def tool_parts(tag: str) -> list[dict]:
     ]
 
 
-async def start_conversation(rpc, user_id: str) -> str:
-    cid = f"conv-xl-{new_id()}"
-    await rpc.call("ctx.persist.append", {"streamId": f"conversation:{cid}", "expectedVersion": 0, "events": [
-        {"eventId": str(uuid.uuid4()), "type": "UserMessageAdded",
-         "data": {"message": {"id": user_id, "role": "user", "parts": [{"type": "text", "text": "research it"}]}}}]})
-    return cid
+async def open_conversation(rpc, user_id: str) -> str:
+    return await start_conversation(rpc, f"conv-xl-{new_id()}", user_id, "research it")
 
 
 def turn_messages(prefix: str, parent: str, parts: list[dict]) -> list[dict]:
@@ -93,7 +87,7 @@ async def served_next_turn(rpc, cid: str, tool_message_id: str) -> list[dict]:
 
 async def test_in_flight_parts_persist_and_serve_the_same_bytes(services, rpc, stack):
     prefix = f"xl-{new_id()}"
-    cid = await start_conversation(rpc, f"{prefix}-u1")
+    cid = await open_conversation(rpc, f"{prefix}-u1")
     turn_id = f"turn-{prefix}"
     raw = tool_parts(prefix)
     step = await trim_in_flight(rpc, cid, turn_id, raw)
@@ -137,7 +131,7 @@ async def test_in_flight_parts_persist_and_serve_the_same_bytes(services, rpc, s
 
 async def test_full_outputs_persisted_render_to_the_in_flight_bytes(services, rpc):
     prefix = f"xl-{new_id()}"
-    cid = await start_conversation(rpc, f"{prefix}-u1")
+    cid = await open_conversation(rpc, f"{prefix}-u1")
     turn_id = f"turn-{prefix}"
     raw = tool_parts(prefix)
     inflight = (await trim_in_flight(rpc, cid, turn_id, raw))["parts"]
@@ -166,8 +160,8 @@ async def test_full_outputs_persisted_render_to_the_in_flight_bytes(services, rp
             skeleton = part["output"]["value"]["skeleton"]
             assert [(e["id"], e["url"], e["title"]) for e in skeleton] == \
                 [(e["id"], e["url"], e["title"]) for e in original["output"]["value"]]
-            assert [e["content"] for e in envelopes.inflate(part["output"]["value"], {
-                r["fileEntryId"]: c for r, c in zip(refs, [UNICODE + prefix, BIG[::-1] + prefix])})["value"]] == \
+            texts = dict(zip([r["fileEntryId"] for r in refs], [UNICODE + prefix, BIG[::-1] + prefix], strict=False))
+            assert [e["content"] for e in envelopes.inflate(part["output"]["value"], texts)["value"]] == \
                 [e["content"] for e in original["output"]["value"]]
     # the text the model saw for the MCP output is the joined text blocks' marker, as in flight
     assert inflight[1]["offload"]["sha256"] == hashlib.sha256(

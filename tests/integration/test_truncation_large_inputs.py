@@ -38,8 +38,8 @@ def huge_text(mib: int, tag: str) -> str:
 
 def claim_request(cid: str, turn: str, sha: str, *, kind: str = "text", name: str = "mcp__shell__run_0123",
                   extra_parts: list[dict] | None = None, size: int | None = None) -> dict:
-    parts = list(extra_parts or []) + [{"type": "tool-result", "toolCallId": "huge", "toolName": name,
-                                        "output": {"type": kind, "value": ""}}]
+    parts = [*(extra_parts or []), {"type": "tool-result", "toolCallId": "huge", "toolName": name,
+                                    "output": {"type": kind, "value": ""}}]
     claim = {"part": len(parts) - 1, "sha256": sha, "uri": vfs_uri(sha)}
     if size is not None:
         claim["size"] = size

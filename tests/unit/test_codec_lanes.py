@@ -30,7 +30,8 @@ LINES_SHA = "da8ec8a5d8b75edcdfe7c8c69b2990685a5c4ff0c371e618d27088be83dd9187"
 LINES_URI = "context://vfs/vfs_da8ec8a5d8b75edc.txt"
 HINT = "Read the full content with the fs_read tool (pass the URI above; page with offset/limit).\n"
 LINES_MARKER = (HEAD + "\n\n<persisted-output>\n"
-                "output truncated (301 lines, 3000 chars total; first 500 chars shown above, last 990 chars shown below)\n"
+                "output truncated (301 lines, 3000 chars total; "
+                "first 500 chars shown above, last 990 chars shown below)\n"
                 f"Full output: {LINES_URI}\n{HINT}</persisted-output>\n\n" + TAIL).strip()
 C = "c" * 2500
 C_SHA = "473a8e207d824c8f7534c102bcc9477cc78263c43609d1fba7b906dee375e723"
@@ -76,7 +77,7 @@ def test_inflight_opaque_marker_and_offload_literal():
     assert out == {**part, "output": {"type": "text", "value": LINES_MARKER},
                    "offload": {"mode": "offloaded", "uri": LINES_URI, "sha256": LINES_SHA, "totalChars": 3000,
                                "totalLines": 301, "threshold": T}}
-    assert LINES_MARKER == marker(LINES)
+    assert marker(LINES) == LINES_MARKER
     assert "offload" not in part  # inputs are not mutated
 
 

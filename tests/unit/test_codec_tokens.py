@@ -36,7 +36,8 @@ def test_media_priced_by_constants_never_decoded():
 
 
 def test_tool_parts_and_messages():
-    part = {"type": "tool-result", "toolCallId": "c", "toolName": "t", "output": {"type": "text", "value": "hello world"}}
+    part = {"type": "tool-result", "toolCallId": "c", "toolName": "t",
+            "output": {"type": "text", "value": "hello world"}}
     assert count_part(part) == 2
     assert count_message({"role": "tool", "parts": [part, part]}) == MESSAGE_OVERHEAD + 4
 

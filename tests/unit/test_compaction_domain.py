@@ -365,7 +365,8 @@ def test_persisted_uris_from_typed_provenance_only():
                                                     "vfsFilename": "vfs_1111111111111111.txt"}}}]},
         {"id": "t3", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "c3", "toolName": "web_search",
                                                 "output": {"type": "persisted", "value": {"skeleton": [], "blobRefs": [
-                                                    {"key": "/0/content", "vfsFilename": "vfs_2222222222222222.txt"}]}}}]},
+                                                    {"key": "/0/content",
+                                                     "vfsFilename": "vfs_2222222222222222.txt"}]}}}]},
         tool("t4", "c4", "x", "y", offload_uri=URI), tool("t5", "c5", "x", "y", offload_uri=URI),
     ]
     assert persisted_uris(rows) == ["context://vfs/vfs_1111111111111111.txt",

@@ -8,9 +8,9 @@ import copy
 
 import pytest
 from ctxbuild_codec import trim_persist, vfs_uri
+from ctxbuild_compaction.app import Choice, Summarizers, in_loop, turn_start
 from ctxbuild_compaction.domain import FoldOutcome, stored_text, summary_row
 from ctxbuild_compaction.domain.summary_row import with_opening
-from ctxbuild_compaction.handlers import Choice, Summarizers, in_loop, turn_start
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
 
@@ -194,7 +194,8 @@ async def test_llm_unavailable_uses_the_offline_summarizer():
 
 async def test_persisted_outputs_are_served_rendered():
     text = "".join(f"line {i} of a long tool output\n" for i in range(400))
-    part = {"type": "tool-result", "toolCallId": "c9", "toolName": "web_fetch", "output": {"type": "text", "value": text}}
+    part = {"type": "tool-result", "toolCallId": "c9", "toolName": "web_fetch",
+            "output": {"type": "text", "value": text}}
     stored = trim_persist(part, 2_000, lambda blob: vfs_uri(blob.sha256))
     assert stored["output"]["type"] == "persisted"
     rows = [*long_history()[:2], {"id": "t1", "role": "tool", "parts": [

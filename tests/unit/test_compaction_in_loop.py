@@ -3,13 +3,15 @@ the tool-pair invariant, the usage-based estimate and the checkpoint payload."""
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 
 import pytest
 from ctxbuild_blobclient import content_ref
 from ctxbuild_codec import compaction_budget, trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages, count_text
+from ctxbuild_compaction.adapters.blobstore import BlobStore
+from ctxbuild_compaction.app import Summarizers, in_loop
 from ctxbuild_compaction.domain import (
     Checkpoint,
     FoldOutcome,
@@ -23,10 +25,10 @@ from ctxbuild_compaction.domain import (
     summary_of_row,
     summary_row,
 )
-from ctxbuild_compaction.adapters.blobstore import BlobStore
-from ctxbuild_compaction.handlers import Summarizers, in_loop
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
+
+from tests.support.compaction import MemoryBlobs, NoHistory
 
 W = 16_000
 TRIGGER = compaction_budget(W).trigger
@@ -43,7 +45,8 @@ def call_row(mid, *ids, turn="t"):
 
 
 def result_row(mid, cid, text="ok", turn="t", offload_uri=None):
-    part = {"type": "tool-result", "toolCallId": cid, "toolName": "read_file", "output": {"type": "text", "value": text}}
+    part = {"type": "tool-result", "toolCallId": cid, "toolName": "read_file",
+            "output": {"type": "text", "value": text}}
     if offload_uri:
         part["offload"] = {"mode": "offloaded", "uri": offload_uri, "totalChars": 8_000, "totalLines": 100}
     return {"id": mid, "role": "tool", "turnId": turn, "parts": [part]}
@@ -222,8 +225,8 @@ def test_masking_outcome_keeps_the_earlier_prefix_byte_for_byte():
 
 
 def test_checkpoint_payload_round_trip():
-    ck = Checkpoint(12, [summary_row("a5", "s", ["x.log"], [vfs_uri("cd" * 32)])], 14, 2, ["x.log"], [vfs_uri("cd" * 32)],
-                    "llm", 7)
+    ck = Checkpoint(12, [summary_row("a5", "s", ["x.log"], [vfs_uri("cd" * 32)])], 14, 2, ["x.log"],
+                    [vfs_uri("cd" * 32)], "llm", 7)
     payload = json.loads(json.dumps(ck.to_payload()))
     assert Checkpoint.from_payload(payload) == ck
     assert Checkpoint.from_payload(None) == Checkpoint()
@@ -237,31 +240,6 @@ def test_fixed_tokens_count_toward_the_trigger():
 
 
 # ---------- the handler: a long masking run with the checkpoint by reference (SPEC §15.1) ----------
-
-class MemoryBlobs:
-    """The blob store as the content-reference helpers see it (put + get by sha256), counting reads."""
-
-    def __init__(self):
-        self.objects: dict[str, bytes] = {}
-        self.refs: list[tuple[str, object, str]] = []
-        self.gets = 0
-
-    async def put(self, content, conversation_id, owner, role, *, media_type=None):
-        body = content if isinstance(content, bytes) else content.encode()
-        sha = hashlib.sha256(body).hexdigest()
-        self.objects[sha] = body
-        self.refs.append((sha, owner, role))
-        return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}
-
-    async def get_bytes(self, conversation_id, *, sha256=None, uri=None):
-        self.gets += 1
-        return self.objects[sha256]
-
-
-class NoHistory:
-    async def last_fold(self, turn_id):
-        return None
-
 
 async def masking_run(steps, store):
     """The runner's side of the loop: it passes the previous reply's checkpoint and only the messages the
@@ -310,7 +288,7 @@ async def test_a_long_masking_run_keeps_its_checkpoint_by_reference():
                 {m["id"] for m in (req["checkpoint"] or {}).get("compactedPrefix", [])
                  if isinstance(req["checkpoint"]["compactedPrefix"], list)})
     # byte-stable: between folds each served request extends the previous one, prefix rows byte for byte
-    for (prev, _), (cur, _) in zip(run, run[1:], strict=False):
+    for (prev, _), (cur, _) in itertools.pairwise(run):
         if not cur["checkpointChanged"]:
             n = len(prev["messages"])
             assert json.dumps(cur["messages"][:n]) == json.dumps(prev["messages"])

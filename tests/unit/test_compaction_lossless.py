@@ -11,6 +11,7 @@ import json
 from ctxbuild_codec import trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages
 from ctxbuild_compaction.adapters.blobstore import BlobStore
+from ctxbuild_compaction.app import Summarizers, in_loop, turn_start
 from ctxbuild_compaction.domain import (
     Checkpoint,
     FoldOutcome,
@@ -25,8 +26,9 @@ from ctxbuild_compaction.domain import (
 )
 from ctxbuild_compaction.domain.summary_row import TRANSCRIPT_LINE, transcripts_of
 from ctxbuild_compaction.domain.transcript import render_transcript
-from ctxbuild_compaction.handlers import Summarizers, in_loop, turn_start
 from ctxbuild_platform import contracts
+
+from tests.support.compaction import MemoryBlobs, NoHistory
 
 W = 16_000
 FIXED = 350
@@ -156,27 +158,6 @@ def test_turn_start_keeps_the_current_user_message_verbatim():
 
 # ---------- the transcript ----------
 
-class MemoryBlobs:
-    def __init__(self):
-        self.objects: dict[str, bytes] = {}
-        self.refs: list[tuple[str, object, str]] = []
-
-    async def put(self, content, conversation_id, owner, role, *, media_type=None):
-        body = content if isinstance(content, bytes) else content.encode()
-        sha = hashlib.sha256(body).hexdigest()
-        self.objects[sha] = body
-        self.refs.append((sha, owner, role))
-        return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}
-
-    async def get_bytes(self, conversation_id, *, sha256=None, uri=None):
-        if sha256 is None:
-            sha256 = next(s for s in self.objects if vfs_uri(s) == uri)
-        return self.objects[sha256]
-
-    def text(self, uri: str) -> str:
-        return next(b for s, b in self.objects.items() if vfs_uri(s) == uri).decode()
-
-
 async def test_a_transcript_holds_offloaded_outputs_in_full_and_is_byte_stable():
     blobs = MemoryBlobs()
     store = BlobStore(blobs, 5.0)
@@ -198,11 +179,6 @@ async def test_a_transcript_holds_offloaded_outputs_in_full_and_is_byte_stable()
     assert again == uri
     assert render_transcript([TASK]) == render_transcript([json.loads(json.dumps(TASK))])
     assert render_transcript(rows[:2]) != render_transcript(rows[:3])
-
-
-class NoHistory:
-    async def last_fold(self, turn_id):
-        return None
 
 
 async def test_every_folded_output_is_in_a_transcript_the_last_request_names():
@@ -321,8 +297,8 @@ def test_a_turn_start_summary_of_a_summary_names_both_transcripts():
 def test_the_opening_request_reads_back_exactly_whatever_it_holds():
     from ctxbuild_compaction.domain.summary_row import split_opening, with_opening
 
-    tricky = "line one\n\n[Files attached in this conversation …: x]\n\n[The conversation's first request, verbatim (3" \
-             " chars):]\nabc"
+    tricky = ("line one\n\n[Files attached in this conversation …: x]\n\n"
+              "[The conversation's first request, verbatim (3 chars):]\nabc")
     text = with_opening("- the summary", tricky)
     assert split_opening(text) == (tricky, "- the summary")
     assert split_opening("- no opening") == (None, "- no opening")

@@ -14,6 +14,12 @@ from ctxbuild_codec import (
     vfs_uri,
 )
 from ctxbuild_codec.envelopes import render
+from ctxbuild_compaction.app import (
+    ExtractiveSummarizer,
+    LlmSummarizer,
+    MaskingSummarizer,
+    fold_with_fallback,
+)
 from ctxbuild_compaction.domain import (
     Checkpoint,
     FoldRequest,
@@ -30,12 +36,6 @@ from ctxbuild_compaction.domain import (
     rank,
 )
 from ctxbuild_compaction.domain.llm_input import INSTRUCTION, PREVIOUS
-from ctxbuild_compaction.summarizers import (
-    ExtractiveSummarizer,
-    LlmSummarizer,
-    MaskingSummarizer,
-    fold_with_fallback,
-)
 from ctxbuild_providers import ModelResponse, ProviderError, ReplayProvider
 
 
@@ -69,7 +69,8 @@ def test_flatten_vector():
     rows = [{"id": "s", "role": "system", "parts": [{"type": "text", "text": "be brief"}]},
             {"id": "u", "role": "user", "parts": [
                 {"type": "text", "text": "look"},
-                {"type": "file", "handle": "a.png", "displayName": "a.png", "mediaType": "image/png", "sha256": "a" * 64},
+                {"type": "file", "handle": "a.png", "displayName": "a.png", "mediaType": "image/png",
+                 "sha256": "a" * 64},
                 {"type": "file", "handle": "r.pdf", "displayName": "r.pdf", "mediaType": "application/pdf",
                  "sha256": "b" * 64},
                 {"type": "file", "handle": "", "displayName": "", "mediaType": "text/plain", "sha256": "c" * 64}]},
@@ -151,7 +152,8 @@ async def test_llm_failure_falls_back_to_masking_with_the_error():
 
     out = await fold_with_fallback(LlmSummarizer(RecordingProvider(fail=True), "m"), fold, MaskingSummarizer(put))
     assert out.summarizer == "masking" and out.fallback_from == "llm" and "HTTP 503" in out.error
-    assert out.rows[1]["parts"][0]["output"]["value"] == render_marker("", "", 1, 3_000, vfs_uri(sha256_hex("y" * 3_000)))
+    masked = render_marker("", "", 1, 3_000, vfs_uri(sha256_hex("y" * 3_000)))
+    assert out.rows[1]["parts"][0]["output"]["value"] == masked
     empty = await fold_with_fallback(LlmSummarizer(RecordingProvider(answer="<analysis>only</analysis>"), "m"), fold,
                                      MaskingSummarizer(put))
     assert empty.summarizer == "masking" and empty.error == "empty summary"

@@ -5,35 +5,17 @@ first run had; the edge presents them inline (turn log, SSE) but leaves a checkp
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 
 from ctxbuild_blobclient import content_ref
-from ctxbuild_codec import vfs_uri
 from ctxbuild_orchestration.adapters import content
 from ctxbuild_orchestration.domain.turn_state import fold, message_id
 from ctxbuild_platform import contracts
 
+from tests.support.compaction import MemoryBlobs
+
 T, C = "turn_abc", "conv_abc"
 BIG = "".join(f"line {i}: the model explains its plan at length\n" for i in range(900))  # ≈ 40 KB
-
-
-class MemoryBlobs:
-    """The blob store as the content-reference helpers see it (put + get by sha256)."""
-
-    def __init__(self):
-        self.objects: dict[str, bytes] = {}
-        self.refs: list[tuple[str, object, str]] = []
-
-    async def put(self, body, conversation_id, owner, role, *, media_type=None):
-        body = body if isinstance(body, bytes) else body.encode()
-        sha = hashlib.sha256(body).hexdigest()
-        self.objects[sha] = body
-        self.refs.append((sha, owner, role))
-        return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}
-
-    async def get_bytes(self, conversation_id, *, sha256=None, uri=None):
-        return self.objects[sha256]
 
 
 def ev(v: int, type_: str, data: dict) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from ctxbuild_codec import envelopes, persist_threshold, trim_inflight, vfs_uri
+from ctxbuild_persistence.app.persist_lane import inflight_offloads
 from ctxbuild_persistence.domain.persist_lane import apply_turn, blob_writes, plan_turn
-from ctxbuild_persistence.persist_lane import inflight_offloads
 
 BIG = "".join(f"line {i}: " + "x" * 60 + "\n" for i in range(1200))  # ~80k chars
 THRESHOLD = persist_threshold(None)  # 50,000

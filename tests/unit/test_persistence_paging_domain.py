@@ -8,8 +8,8 @@ import uuid
 
 from ctxbuild_compaction.adapters.persistence import merge_pages
 from ctxbuild_compaction.domain.turn_start import TurnStartSettings, plan_turn_start
+from ctxbuild_persistence.app.persist_lane import completed_events
 from ctxbuild_persistence.domain.conversation import PathWindow, fold, message_bytes, path_to, window_of
-from ctxbuild_persistence.persist_lane import completed_events
 
 URI = "context://vfs/vfs_{:016x}.txt"
 

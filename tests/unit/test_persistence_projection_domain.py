@@ -239,6 +239,34 @@ def test_file_references_are_typed_provenance_only():
         ("t1", "tool_output", URI, "k4")]
 
 
+def test_codec_offload_blobs_and_originals_count_as_archived():
+    """SPEC §8.2 inv. 4: a trimmed web-entities part names its blobs in ``offload.blobs`` (no single uri) and a
+    non-text output its original in ``offload.original``: both reach persistedUris and the file references."""
+    web = [("/0/content", "c1"), ("/1/content", "c2")]
+    tool = {"id": "t1", "role": "tool", "parts": [
+        {"type": "tool-result", "toolCallId": "w1", "toolName": "web_search",
+         "output": {"type": "json", "value": [{"content": "trimmed"}, {"content": "trimmed"}]},
+         "offload": {"mode": "offloaded", "totalChars": 90_000, "totalLines": 40,
+                     "blobs": [{"key": k, "uri": f"context://vfs/vfs_{h * 8}.txt", "sha256": h * 32,
+                                "totalChars": 45_000, "totalLines": 20} for k, h in web]}},
+        {"type": "tool-result", "toolCallId": "j1", "toolName": "mcp_tool",
+         "output": {"type": "text", "value": "excerpt"},
+         "offload": {"mode": "offloaded", "uri": URI, "sha256": "ef" * 32, "totalChars": 70_000, "totalLines": 9,
+                     "original": {"uri": "context://vfs/vfs_" + "0a" * 8 + ".txt", "sha256": "0a" * 32,
+                                  "totalChars": 70_100, "of": "output", "type": "content"}}},
+    ]}
+    uris = ["context://vfs/vfs_" + "c1" * 8 + ".txt", "context://vfs/vfs_" + "c2" * 8 + ".txt", URI,
+            "context://vfs/vfs_" + "0a" * 8 + ".txt"]
+    assert persisted_uris_of(tool) == [(uris[0], "c1" * 32, "w1"), (uris[1], "c2" * 32, "w1"),
+                                       (URI, "ef" * 32, "j1"), (uris[3], "0a" * 32, "j1")]
+    assert history_extras([msg("u1"), tool])["persistedUris"] == uris
+    log = log_of(("conversation:c", [("AssistantMessageCompleted", {"turnId": "t", "messages": [tool]})]))
+    assert [(f.ref, f.sha256, f.tool_call_id) for f in Rows().apply(log).file_refs] == [
+        (uris[0], "c1" * 32, "w1"), (uris[1], "c2" * 32, "w1"), (URI, "ef" * 32, "j1"), (uris[3], "0a" * 32, "j1")]
+    assert history("c", [{"type": "AssistantMessageCompleted", "version": 1,
+                          "data": {"turnId": "t", "messages": [tool]}}])["persistedUris"] == uris
+
+
 def test_history_extras_for_compaction():
     rows = [msg("u1"),
             msg("a1", "assistant", usage={"inputTokens": 10, "outputTokens": 2}),

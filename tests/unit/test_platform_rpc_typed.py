@@ -49,7 +49,7 @@ def test_a_handler_typed_with_another_subjects_model_is_refused_at_registration(
     async def wrong(req: PersistHistoryRequest) -> PersistReadStreamReply:
         raise AssertionError("never called")
 
-    with pytest.raises(TypeError, match="ctx.persist.read_stream"):
+    with pytest.raises(TypeError, match=r"ctx\.persist\.read_stream"):
         request_model(SUBJECT, wrong)
 
 

@@ -20,7 +20,7 @@ def user_only():
 
 
 def with_offload():
-    return user_only() + [{"id": "t", "role": "tool", "parts": [{
+    return [*user_only(), {"id": "t", "role": "tool", "parts": [{
         "type": "tool-result", "toolCallId": "c", "toolName": "x", "output": {"type": "text", "value": "m"},
         "offload": {"uri": URI, "mode": "offloaded"}}]}]
 

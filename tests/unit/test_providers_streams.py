@@ -153,7 +153,8 @@ def test_message_stream_malformed_input_and_missing_stop():
             start({"input_tokens": 5, "output_tokens": 1}),
             {"type": "content_block_start", "index": 0,
              "content_block": {"type": "tool_use", "id": "t", "name": "lookup", "input": {}}},
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"q": '}},
+            {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "input_json_delta", "partial_json": '{"q": '}},
             {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
              "usage": {"output_tokens": 4}}):
         s.feed(e)

@@ -34,7 +34,8 @@ COMMAND_DOCS = """bash:
     - command (string) [required]: a command to run directly in the current shell
 
 open:
-  docstring: opens the file at the given path in the editor. If line_number is provided, the window will be move to include that line
+  docstring: opens the file at the given path in the editor. If line_number is provided, the window will be \
+move to include that line
   signature: open "<path>" [<line_number>]
   arguments:
     - path (string) [required]: the path to the file to open
@@ -125,7 +126,8 @@ def mini_tool_calling_doc() -> dict:
         {"role": "tool", "tool_call_id": "call_00_a",
          "content": "<returncode>0</returncode>\n<output_head>\nA</output_head>\n<elided_chars>\n",
          "extra": {"raw_output": "A" * 12_000, "returncode": 0}},
-        {"role": "assistant", "content": "Make patch.", "tool_calls": [fc("call_00_b", "bash", {"command": "git diff"})]},
+        {"role": "assistant", "content": "Make patch.",
+         "tool_calls": [fc("call_00_b", "bash", {"command": "git diff"})]},
         {"role": "tool", "tool_call_id": "call_00_b", "content": "<returncode>0</returncode>\n<output>\n</output>",
          "extra": {"raw_output": "", "returncode": 0}},  # an empty full output is still the full output
         {"role": "assistant", "content": "Submitting.",
@@ -164,7 +166,8 @@ def test_mini_swe_agent_fenced_bash_blocks(tmp_path):
                                                  "output": {"type": "text", "value": "total 0\nfull listing\n"}}]},
         {"text": "Two commands:\n```bash\nls\n```\n```bash\npwd\n```\n\nTHOUGHT: again",
          "toolCalls": [{"toolName": "bash", "input": {"command": "cat a.py"},
-                        "output": {"type": "text", "value": "<returncode>0</returncode>\n<output>\nx = 1\n</output>"}}]},
+                        "output": {"type": "text",
+                                   "value": "<returncode>0</returncode>\n<output>\nx = 1\n</output>"}}]},
         {"text": "[end of recorded trajectory: Submitted]"},
     ]
 

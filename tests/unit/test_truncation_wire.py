@@ -1,5 +1,6 @@
 """The platform's compiled contract check decides exactly as its reference validator (it only answers "valid"
-faster), fuzzed over truncation payloads; the service's parse keeps big integers exact; encode falls back to the stdlib for what orjson refuses."""
+faster), fuzzed over truncation payloads; the service's parse keeps big integers exact; encode falls back to the
+stdlib for what orjson refuses."""
 
 from __future__ import annotations
 
@@ -35,20 +36,21 @@ VALID_REQUEST = {
 }
 
 
-def decision(name, payload):
+def verdict(check, name, payload):
+    """None when ``check`` accepts the payload, else its error message."""
     try:
-        contracts.validate_reference(name, payload)
+        check(name, payload)
         return None
     except InvalidPayload as exc:
         return exc.message
+
+
+def decision(name, payload):
+    return verdict(contracts.validate_reference, name, payload)
 
 
 def mine(name, payload):
-    try:
-        contracts.validate(name, payload)
-        return None
-    except InvalidPayload as exc:
-        return exc.message
+    return verdict(contracts.validate, name, payload)
 
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3), st.just([]), st.just({}),
@@ -59,10 +61,10 @@ def paths(value, prefix=()):
     yield prefix
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from paths(v, prefix + (k,))
+            yield from paths(v, (*prefix, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from paths(v, prefix + (i,))
+            yield from paths(v, (*prefix, i))
 
 
 ALL_PATHS = [p for p in paths(VALID_REQUEST) if p]

@@ -280,7 +280,8 @@ class Client:
         A dropped or timed-out stream is reopened with Last-Event-ID (the server resumes after it), so no event is
         lost or repeated. When an attempt brings no new event (the edge restarting, a backend away, a 5xx), the
         turn itself is read (GET …/turns/{id}): the events it holds past the last one seen are yielded, and if the
-        turn ended that is the end — a turn that completed while the stream was down is reported as completed. There is no cap on reconnects while the server answers (an error status
+        turn ended that is the end — a turn that completed while the stream was down is reported as completed.
+        There is no cap on reconnects while the server answers (an error status
         counts as an answer: the edge is up, its backends may be coming back) and the turn is not over; it gives up
         with ConnectionFailed only when the server could not be reached at all `max_retries` attempts in a row AND
         for `unreachable_s` seconds (an edge being restarted comes back within that). A missing turn or a refused

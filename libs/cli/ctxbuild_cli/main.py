@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -50,13 +50,13 @@ class Settings:
     admin_key: str | None = None
 
 
-class ProviderKind(str, Enum):
+class ProviderKind(StrEnum):
     openai = "openai"
     anthropic = "anthropic"
     replay = "replay"
 
 
-class McpMode(str, Enum):
+class McpMode(StrEnum):
     manual = "manual"
     auto = "auto"
     disabled = "disabled"
@@ -109,7 +109,8 @@ def api(ctx: typer.Context, *, admin: bool = False) -> Iterator[Client]:
         with Client(settings.url, api_key=key, timeout=settings.timeout) as client:
             yield client
     except ConnectionFailed as exc:
-        fail(f"{escape(str(exc))}\n  start the stack with `make up`, or point --url / CTXBUILD_URL at it", EXIT_UNREACHABLE)
+        fail(f"{escape(str(exc))}\n  start the stack with `make up`, or point --url / CTXBUILD_URL at it",
+             EXIT_UNREACHABLE)
     except ApiError as exc:
         hint = " (this server does not have that endpoint: is it older than this CLI?)" if exc.endpoint_missing else ""
         if exc.status == 401:
@@ -262,8 +263,8 @@ def send(ctx: typer.Context,
             a = client.upload_attachment(conversation, path)
             attached.append(a)
             if not json_out:
-                err.print(f"attached [bold]{escape(a['handle'])}[/bold] ({escape(a['mediaType'])}, {a['size']:,} bytes, "
-                          f"sha256 {a['sha256'][:12]})", highlight=False)
+                err.print(f"attached [bold]{escape(a['handle'])}[/bold] ({escape(a['mediaType'])}, "
+                          f"{a['size']:,} bytes, sha256 {a['sha256'][:12]})", highlight=False)
         turn = client.start_turn(conversation, text, spec, max_steps)
         tid = turn["turnId"]
         if not follow_:

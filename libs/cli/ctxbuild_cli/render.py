@@ -136,7 +136,8 @@ class TurnView:
                 call = ToolCallRow(d["toolCallId"], d["toolName"])
                 row.calls.append(call)
             offload = d.get("offload") or None
-            call.recorded, call.trimmed, call.output, call.offload = True, bool(d.get("trimmed")), d.get("output"), offload
+            call.recorded, call.trimmed = True, bool(d.get("trimmed"))
+            call.output, call.offload = d.get("output"), offload
             call.offloaded = bool(offload and offload.get("mode") == "offloaded")
         elif kind == "TurnCompleted":
             self.status = "completed"

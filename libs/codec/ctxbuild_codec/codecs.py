@@ -161,43 +161,31 @@ def _assemble_items(items: list[Any], texts: Mapping[str, Any]) -> Any:
 
 
 def _apply(node: Any, trie: dict[str, Any]) -> Any:
+    in_list = type(node) is list
+    if not in_list and type(node) is not dict:
+        return node
+    n = len(node)
     out = None
-    if type(node) is list:
-        n = len(node)
-        for seg, sub in trie.items():
-            if not seg.isdigit() or (seg[0] == "0" and len(seg) > 1):
+    for seg, sub in trie.items():
+        if in_list:  # _index written out: this loop runs once per replaced field
+            if not seg.isdigit() or (seg[0] == "0" and len(seg) > 1) or (key := int(seg)) >= n:
                 continue
-            i = int(seg)
-            if i >= n:
+        elif seg in node:
+            key = seg
+        else:
+            continue
+        child = node[key]
+        if type(sub) is _Leaf:
+            new = sub[0]
+            if new is child or (type(child) is type(new) and child == new):
                 continue
-            child = node[i]
-            if type(sub) is _Leaf:
-                new = sub[0]
-                if new is child or (type(child) is type(new) and child == new):
-                    continue
-            else:
-                new = _apply(child, sub)
-                if new is child:
-                    continue
-            if out is None:
-                out = node.copy()
-            out[i] = new
-    elif type(node) is dict:
-        for seg, sub in trie.items():
-            if seg not in node:
+        else:
+            new = _apply(child, sub)
+            if new is child:
                 continue
-            child = node[seg]
-            if type(sub) is _Leaf:
-                new = sub[0]
-                if new is child or (type(child) is type(new) and child == new):
-                    continue
-            else:
-                new = _apply(child, sub)
-                if new is child:
-                    continue
-            if out is None:
-                out = node.copy()  # dict.copy keeps insertion order; assignment keeps the key's position
-            out[seg] = new
+        if out is None:
+            out = node.copy()  # dict.copy keeps insertion order; assignment keeps the key's position
+        out[key] = new
     return node if out is None else out
 
 

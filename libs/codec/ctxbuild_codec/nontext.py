@@ -5,8 +5,8 @@ links, text blocks with annotations, and ``metadata`` (``structuredContent``). T
 text, so when such an output is trimmed or offloaded, both lanes also store the **original output** as one blob:
 its JSON (``original_text``: indented, so fs_read pages it; ``ctx.blob.get_result`` parses it back to the exact
 output), and the model sees, after the text (or its marker), one marker per non-text part naming its kind, media
-type, size and the original's URI. A ``json`` / ``error-json`` output needs no second blob: its offloaded text is already the compact
-JSON of its value, so the original names that same blob with ``of: value``.
+type, size and the original's URI. A ``json`` / ``error-json`` output needs no second blob: its offloaded text is
+already the compact JSON of its value, so the original names that same blob with ``of: value``.
 
 The record of the original (``offload.original`` in flight, ``original`` in a v1 envelope) holds the descriptors
 the markers are rendered from, so rendering is a pure function of stored fields (invariant 3).

@@ -87,24 +87,18 @@ _READ_HINT = "Read the full content with the fs_read tool (pass the URI above; p
 def render_marker(head: str, tail: str, total_lines_: int, total_chars: int, uri: str | None) -> str:
     """The offloaded marker from stored fields; the persist lane renders envelopes back through this.
 
-    Pieces (head, block, tail; empty ones dropped) joined with ``\n``, the whole stripped (§3).
+    Pieces (head, block, tail; empty ones dropped) joined with a blank line, the whole stripped (§3).
     ``uri=None`` is a blob that is gone: the same marker without a readable URI (nothing to call fs_read on).
-    (Written out flat, without helpers: it runs once per trimmed field, thousands of times per web search.)
     """
     where = f"Full output: {uri}\n{_READ_HINT}" if uri is not None else GONE_LINE
     if head:
-        if tail:
-            return (f"{head}\n\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars "
-                    f"total; first {len(head)} chars shown above, last {len(tail)} chars shown below)\n{where}"
-                    f"</persisted-output>\n\n{tail}").strip()
-        return (f"{head}\n\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars "
-                f"total; first {len(head)} chars shown above, rest omitted)\n{where}</persisted-output>\n").strip()
-    if tail:
-        return (f"\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars total; "
-                f"preceding content omitted, last {len(tail)} chars shown below)\n{where}</persisted-output>\n"
-                f"\n{tail}").strip()
-    return (f"\n<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars total; "
-            f"preview omitted)\n{where}</persisted-output>\n").strip()
+        shown = (f"first {len(head)} chars shown above, last {len(tail)} chars shown below" if tail
+                 else f"first {len(head)} chars shown above, rest omitted")
+    else:
+        shown = f"preceding content omitted, last {len(tail)} chars shown below" if tail else "preview omitted"
+    block = (f"<persisted-output>\noutput truncated ({total_lines_} lines, {total_chars} chars total; {shown})\n"
+             f"{where}</persisted-output>")
+    return "\n\n".join([piece for piece in (head, block, tail) if piece]).strip()
 
 
 def marker(text: str, head: int = HEAD_CHARS, tail: int = TAIL_CHARS) -> str:

@@ -1,5 +1,5 @@
-"""An extra service process started by a test or a benchmark (the stack's env plus overrides, its own HTTP port and log), to
-run several replicas of one service, kill one, or start one with other settings."""
+"""An extra service process started by a test or a benchmark (the stack's env plus overrides, its own HTTP port and
+log), to run several replicas of one service, kill one, or start one with other settings."""
 
 from __future__ import annotations
 

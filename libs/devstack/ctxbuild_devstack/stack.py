@@ -79,7 +79,7 @@ def _wait(what: str, probe: Callable[[], bool], timeout: float, log: Path | None
         try:
             if probe():
                 return
-        except Exception:  # noqa: BLE001, S110 - a probe failing is the normal not-ready-yet case
+        except Exception:  # noqa: BLE001 - a probe failing is the normal not-ready-yet case
             pass
         time.sleep(delay)
         delay = min(delay * 1.5, 0.5)
@@ -428,7 +428,8 @@ class Stack:
                 self.env["CTX_API_KEY"] = key
                 self.save()
                 return key
-        r = httpx.post(f"{base}/v1/keys", timeout=30, headers={"Authorization": f"Bearer {self.env['CTX_ADMIN_API_KEY']}"},
+        admin = {"Authorization": f"Bearer {self.env['CTX_ADMIN_API_KEY']}"}
+        r = httpx.post(f"{base}/v1/keys", timeout=30, headers=admin,
                        json={"tenantId": LOCAL_TENANT, "name": "local stack",
                              # one developer (and the test suite's concurrent turns) on a local stack
                              "requestsPerSecond": 1000, "maxRunningTurns": 64})

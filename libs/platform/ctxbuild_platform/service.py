@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
-from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 from faststream.nats import NatsBroker
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
 from . import claims
 from .logging import configure_logging
@@ -33,15 +33,15 @@ def broker_options(settings: ServiceSettings) -> dict[str, Any]:
     claims.configure(claims.ClaimConfig.from_settings(settings))
     provider = configure_tracing(settings.service_name,
                                  str(settings.otel_exporter_otlp_endpoint or "") or None)
-    return dict(
-        servers=str(settings.nats_url),
-        name=f"ctxbuild-{settings.service_name}",
-        inbox_prefix=settings.nats_inbox_prefix,  # replies, transfer and JetStream deliveries all use it
-        middlewares=[TracingMiddleware(tracer_provider=provider)],
-        graceful_timeout=settings.drain_timeout_s,
-        max_reconnect_attempts=-1,
-        logger=None,
-    )
+    return {
+        "servers": str(settings.nats_url),
+        "name": f"ctxbuild-{settings.service_name}",
+        "inbox_prefix": settings.nats_inbox_prefix,  # replies, transfer and JetStream deliveries all use it
+        "middlewares": [TracingMiddleware(tracer_provider=provider)],
+        "graceful_timeout": settings.drain_timeout_s,
+        "max_reconnect_attempts": -1,
+        "logger": None,
+    }
 
 
 def make_broker(settings: ServiceSettings) -> NatsBroker:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ctxbuild_blobclient import BlobClient
-from ctxbuild_platform.rpc import RpcClient, rpc
+from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
 
 from .adapters.blobstore import BlobStore
 from .adapters.persistence import History
 from .adapters.providers import make_provider
-from .handlers import Summarizers, in_loop, turn_start
+from .app import Compaction, Summarizers
+from .handlers import register
 from .settings import Settings
-
-QUEUE = "compaction"
 
 
 def build(settings: Settings):  # -> the ASGI app
@@ -28,18 +25,7 @@ def build(settings: Settings):  # -> the ASGI app
                               summarizer_model=settings.summarizer_model,
                               summarizer_window=settings.summarizer_window)
 
-    @rpc(broker, "ctx.compact.turn_start", queue=QUEUE, max_workers=settings.max_workers)
-    async def compact_turn_start(payload: dict[str, Any]) -> dict[str, Any]:
-        """Served history + retained context + the compaction decision for the path to the anchor; a new summary
-        is stored once, as CompactionSummaryRecorded at its boundary."""
-        return await turn_start(payload, history, summarizers, archive=blobs)
-
-    @rpc(broker, "ctx.compact.in_loop", queue=QUEUE, max_workers=settings.max_workers)
-    async def compact_in_loop(payload: dict[str, Any]) -> dict[str, Any]:
-        """Between two steps of a turn: the request to serve next, from the memoised fold checkpoint (zero
-        summarizer calls while it fits; only the increment is folded when it does not)."""
-        return await in_loop(payload, history, summarizers, checkpoints=blobs)
-
+    register(broker, Compaction(history, summarizers, blobs), max_workers=settings.max_workers)
     return make_app(settings, broker)
 
 

@@ -1,7 +1,8 @@
 """Start the MCP catalog: ``python -m ctxbuild_mcp_catalog``.
 
 Start-up: migrate the registry schema and seed it from CTX_MCP_SERVERS and load tool_search's embedding model
-(before the broker subscribes), then subscribe, then prewarm the active servers in the background. The KV buckets are bound on first use.
+(before the broker subscribes), then subscribe, then prewarm the active servers in the background. The KV buckets
+are bound on first use.
 """
 
 from __future__ import annotations

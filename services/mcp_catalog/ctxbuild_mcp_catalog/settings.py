@@ -77,7 +77,7 @@ class McpServerConfig(BaseModel):
         data = self.model_dump(mode="json", exclude_none=True)
         for key in ("env", "headers"):
             if data.get(key):
-                data[key] = {k: "<redacted>" for k in data[key]}
+                data[key] = dict.fromkeys(data[key], "<redacted>")
         return data
 
 

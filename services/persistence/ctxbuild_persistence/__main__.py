@@ -23,12 +23,13 @@ from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import make_app, make_broker, serve
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 
+from .adapters.blobs import LaneBlobs
 from .adapters.db import Database, migrate, wait_for_postgres
 from .adapters.event_store import EventStore
 from .adapters.outbox import OutboxRelay
 from .adapters.projection import Projector, rebuild
-from .handlers import register, to_new_events
-from .persist_lane import LaneBlobs, PersistLane
+from .app import EventLog, History, PersistLane, to_new_events
+from .handlers import register
 from .settings import Settings
 
 
@@ -59,7 +60,8 @@ def build(settings: Settings) -> AsgiFastStream:
     blobs = LaneBlobs(blob_client, concurrency=settings.lane_blob_concurrency)
     lane = PersistLane(store, blobs, lambda evs, stream: to_new_events(evs, settings.max_event_bytes, stream),
                        on_appended, promote_inflight_refs=settings.lane_promote_inflight_refs)
-    register(broker, settings, store, on_appended, projector, lane, blob_client)
+    register(broker, settings, EventLog(store, settings, on_appended),
+             History(store, settings, projector, blob_client), lane)
     log = structlog.get_logger("persistence")
 
     async def open_database() -> None:

@@ -1,4 +1,6 @@
-"""The blob store as seen from compaction (through ``ctxbuild_blobclient.BlobClient``):
+"""The blob store as seen from compaction, through ``ctxbuild_blobclient.BlobClient`` (its ``put`` picks the inline
+or the claim-check transfer by size, so a large transcript or masked output streams; ``get_bytes`` and
+``get_result`` read back):
 
 - masking archives an output's full text with a ``tool_output`` reference owned by the turn, so the masked
   marker's URI is readable with fs_read — also after the turn, when its provisional references are released
@@ -18,16 +20,24 @@ import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
-from ctxbuild_blobclient import content_ref
+from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import assemble
+from ctxbuild_codec.records import offload_of
 
 from ..domain.transcript import MEDIA_TYPE, needs_full, render_transcript
 
 log = structlog.get_logger("compaction.blobstore")
 CHECKPOINT_ROLE = "provisional"
+
+
+class Blobs(content_ref.BlobPort, Protocol):
+    """What compaction uses of :class:`BlobClient` (tests pass an in-memory double)."""
+
+    async def get_result(self, conversation_id: str, envelope: Mapping[str, Any] | None = None, *,
+                         offload: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 class CachedBlobs:
@@ -69,35 +79,34 @@ class CachedBlobs:
 
 
 class BlobStore:
-    def __init__(self, blobs: content_ref.BlobPort, timeout_s: float) -> None:
+    def __init__(self, blobs: BlobClient | Blobs, timeout_s: float) -> None:
         self.raw = blobs
         self.blobs = CachedBlobs(blobs)
         self.timeout_s = timeout_s  # masking: an archive write slower than this keeps the output
 
-    async def _text(self, conversation_id: str, *, sha256: str | None = None, uri: str | None = None) -> str:
-        body = await self.blobs.get_bytes(conversation_id, sha256=sha256, uri=uri)
+    async def _text(self, conversation_id: str, ref: Mapping[str, Any]) -> str:
+        """The text of the blob a record names: by its sha256 (cached) when it has one, else by its URI."""
+        sha256 = ref.get("sha256")
+        body = await self.blobs.get_bytes(conversation_id, sha256=sha256, uri=None if sha256 else ref.get("uri"))
         return body.decode("utf-8", "surrogatepass")
 
     async def full_output(self, part: Mapping[str, Any], conversation_id: str) -> dict[str, Any] | None:
         """The original output of a trimmed tool result (None: not trimmed, or not readable back)."""
         output = part.get("output") or {}
-        off = part.get("offload") or {}
-        get_result = getattr(self.raw, "get_result", None)
-        if output.get("type") == "persisted" and get_result is not None:
-            return (await get_result(conversation_id, output["value"]))["output"]
-        if off.get("mode") != "offloaded":
+        if output.get("type") == "persisted":
+            return (await self.raw.get_result(conversation_id, output["value"]))["output"]
+        off = offload_of(part)
+        if off is None:
             return None
-        if isinstance(off.get("original"), Mapping) and get_result is not None:
-            return (await get_result(conversation_id, offload=off))["output"]
+        if isinstance(off.get("original"), Mapping):
+            return (await self.raw.get_result(conversation_id, offload=off))["output"]
         if off.get("blobs") and output.get("type") in ("json", "error-json"):
-            texts = {b["key"]: await self._text(conversation_id, sha256=b.get("sha256"), uri=b.get("uri"))
-                     for b in off["blobs"]}
+            texts = {b["key"]: await self._text(conversation_id, b) for b in off["blobs"]}
             value = output["value"]
             parsed = json.loads(value) if isinstance(value, str) else value
             return {"type": output["type"], "value": assemble(parsed, texts)}
         if off.get("sha256") or off.get("uri"):
-            text = await self._text(conversation_id, sha256=off.get("sha256"),
-                                    uri=None if off.get("sha256") else off.get("uri"))
+            text = await self._text(conversation_id, off)
             return {"type": "error-text" if str(output.get("type", "")).startswith("error") else "text",
                     "value": text}
         return None

@@ -52,6 +52,7 @@ __all__ = [
     "attachment_handles", "build_input", "count_groups", "estimate_candidate", "estimate_tokens",
     "extractive_summary", "finish", "finish_in_loop", "flatten", "group_rows", "is_summary_row", "keep_start",
     "max_messages_window", "orphans", "persisted_uris", "plan_in_loop", "plan_masking", "plan_turn_start",
-    "postprocess", "rank", "render_served", "retained_context", "split_stored", "splits_tool_pair", "stored_summary_row", "stored_text", "summary_max_chars",
+    "postprocess", "rank", "render_served", "retained_context", "split_stored", "splits_tool_pair",
+    "stored_summary_row", "stored_text", "summary_max_chars",
     "summary_of_row", "summary_row", "summary_row_id", "summary_row_text",
 ]

@@ -7,8 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxbuild_codec import handle_prefix_from_uri
-from ctxbuild_codec.trim import VFS_SCHEME
+from ctxbuild_codec.records import archived_uris
 
 Message = dict[str, Any]
 
@@ -48,36 +47,12 @@ def file_parts(rows: Iterable[Message]) -> Iterable[Mapping[str, Any]]:
                 yield part
 
 
-def _uri_of(vfs_filename: Any) -> str | None:
-    if not isinstance(vfs_filename, str) or handle_prefix_from_uri(vfs_filename) is None:
-        return None
-    return vfs_filename if vfs_filename.startswith(VFS_SCHEME) else VFS_SCHEME + vfs_filename
-
-
 def persisted_uris(rows: Iterable[Message]) -> list[str]:
-    """URIs of tool outputs ctxbuild archived (typed provenance only), in order of first appearance.
-
-    From ``offload.uri`` (in-flight) and from persisted envelopes (``vfsFilename`` of v1, ``blobRefs`` of v2).
-    Text that merely looks like a marker is never a source.
-    """
-    seen: dict[str, None] = {}
-    for row in rows:
-        for part in row.get("parts") or []:
-            if part.get("type") != "tool-result":
-                continue
-            offload = part.get("offload") or {}
-            candidates = [offload.get("uri"), (offload.get("original") or {}).get("uri")] \
-                if offload.get("mode") == "offloaded" else []  # original: a non-text output (SPEC §15.1)
-            output = part.get("output") or {}
-            if output.get("type") == "persisted" and isinstance(output.get("value"), Mapping):
-                env = output["value"]
-                candidates.append(env.get("vfsFilename"))
-                candidates += [r.get("vfsFilename") for r in env.get("blobRefs") or [] if isinstance(r, Mapping)]
-            for c in candidates:
-                uri = _uri_of(c)
-                if uri is not None:
-                    seen.setdefault(uri, None)
-    return list(seen)
+    """URIs of tool outputs ctxbuild archived (typed provenance only, ``ctxbuild_codec.records``), in order of
+    first appearance: an in-flight ``offload`` (its blob, every codec blob of a trimmed entity or field, the
+    original of a non-text or JSON output) and persisted envelopes. Text that merely looks like a marker is never
+    a source."""
+    return archived_uris(rows)
 
 
 def attachment_handles(rows: Iterable[Message]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ctxbuild_codec.records import usage_of, usage_tokens
 from ctxbuild_codec.tokens import count_messages
 
 
@@ -18,10 +19,7 @@ def estimate_tokens(rows: Sequence[dict[str, Any]]) -> int:
     """
     counted = count_messages(list(rows))
     for i in range(len(rows) - 1, -1, -1):
-        row = rows[i]
-        usage = row.get("usage")
-        if row.get("role") == "assistant" and usage:
-            by_usage = int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0)) + count_messages(
-                list(rows[i + 1:]))
-            return max(by_usage, counted)
+        usage = usage_of(rows[i])
+        if usage:
+            return max(usage_tokens(usage) + count_messages(list(rows[i + 1:])), counted)
     return counted

@@ -31,6 +31,7 @@ from functools import cache
 from typing import Any
 
 import numpy
+from ctxbuild_codec.records import offload_of
 from sumy.models.dom import ObjectDocumentModel, Paragraph, Sentence
 from sumy.nlp.stemmers import Stemmer
 from sumy.summarizers.text_rank import TextRankSummarizer
@@ -142,7 +143,7 @@ def _results(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, str], str]:
             if p.get("type") != "tool-result" or cid not in pending:
                 continue
             key = (pending.pop(cid), cid)
-            off, output = p.get("offload") or {}, p.get("output") or {}
+            off, output = offload_of(p) or {}, p.get("output") or {}
             if off.get("uri"):
                 out[key] = f"archived at {off['uri']}"
             elif str(output.get("type", "")).startswith("error"):
@@ -222,7 +223,7 @@ def extractive_summary(previous: str | None, rows: Sequence[dict[str, Any]], max
             sentences += [(r, _clean(s)) for s in TOKENIZER.to_sentences(_text_of(row)) if _clean(s)]
     order = rank([s for _, s in sentences])
     chosen: dict[int, list[int]] = {}
-    budget = {r: ENTRY_CHARS for r in range(len(rows))}
+    budget = dict.fromkeys(range(len(rows)), ENTRY_CHARS)
     best: dict[int, int] = {}
     for k in order:   # the most central sentences that fit their entry; an entry with none gets its best one, cut
         r, s = sentences[k]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxbuild_codec import compaction_budget
+from ctxbuild_codec.records import usage_of, usage_tokens
 from ctxbuild_codec.tokens import count_message, count_messages
 
 from .context import attachment_handles
@@ -145,11 +146,9 @@ def estimate_candidate(tail: Sequence[Message], candidate: Sequence[Message], ck
     counted = fixed_tokens + count_messages(list(candidate))
     for i in range(len(tail) - 1, -1, -1):
         row = tail[i]
-        usage = row.get("usage")
-        if (row.get("role") == "assistant" and usage and (turn_id is None or row.get("turnId") == turn_id)
-                and ck.consumed_count + i >= ck.message_count):
-            by_usage = (int(usage.get("inputTokens", 0)) + int(usage.get("outputTokens", 0))
-                        + count_messages(list(tail[i + 1:])))
+        usage = usage_of(row)
+        if usage and (turn_id is None or row.get("turnId") == turn_id) and ck.consumed_count + i >= ck.message_count:
+            by_usage = usage_tokens(usage) + count_messages(list(tail[i + 1:]))
             return (by_usage, "usage") if by_usage >= counted else (counted, "count")
     return counted, "count"
 

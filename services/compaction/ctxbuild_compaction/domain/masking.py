@@ -1,8 +1,9 @@
 """The ``masking`` summarizer's pure halves (SPEC §10): old tool outputs become their markers, nothing else
 changes (no LLM). Restorable: every masked output names a blob that stays readable with fs_read.
 
-- an output ctxbuild already archived (typed provenance: ``offload`` with a URI, or a ``persisted`` envelope)
-  becomes the codec's marker for the same blob with the preview omitted;
+- an output ctxbuild already archived (typed provenance: an ``offload`` naming its blobs, or a ``persisted``
+  envelope) becomes the codec's marker for the same blobs with the preview omitted
+  (``ctxbuild_codec.masking.masked_part``, shared with the runner's in-process fallback);
 - any other text output longer than :data:`MASK_MIN_CHARS` is archived first (the caller puts the text in the
   blob store) and then masked; a failed put keeps the output in full ("better fat than lost");
 - error outputs and small outputs stay as they are; tool calls and the pairing with their results never change.
@@ -18,9 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxbuild_codec import PERSIST_MIN_CHARS, assemble, extract_text, render_marker, sha256_hex, total_lines
-from ctxbuild_codec.envelopes import EnvelopeError, parse, render_part
-from ctxbuild_codec.nontext import render_with_markers
+from ctxbuild_codec import PERSIST_MIN_CHARS, extract_text, render_marker, sha256_hex, total_lines
+from ctxbuild_codec.masking import masked_part
 
 Message = dict[str, Any]
 MASK_MIN_CHARS = PERSIST_MIN_CHARS
@@ -30,39 +30,6 @@ MASK_MIN_CHARS = PERSIST_MIN_CHARS
 class ToArchive:
     sha256: str
     text: str
-
-
-def _blank_envelope(envelope: Mapping[str, Any]) -> dict[str, Any]:
-    if "blobRefs" in envelope:
-        return {**envelope, "blobRefs": [{**r, "head": "", "tail": ""} for r in envelope["blobRefs"]]}
-    return {**envelope, "head": "", "tail": ""}
-
-
-def _masked_offloaded(part: Mapping[str, Any]) -> dict[str, Any] | None:
-    """An output ctxbuild archived → the same part with a preview-less marker; None if it is not one."""
-    output = part.get("output") or {}
-    if output.get("type") == "persisted" and isinstance(output.get("value"), Mapping):
-        try:
-            parse(output["value"])
-        except EnvelopeError:
-            return None
-        return render_part({**part, "output": {"type": "persisted", "value": _blank_envelope(output["value"])}})
-    off = part.get("offload") or {}
-    if off.get("mode") != "offloaded":
-        return None
-    if off.get("uri"):
-        kind = output.get("type") if output.get("type") in ("text", "error-text") else "text"
-        value = render_marker("", "", int(off.get("totalLines", 1)), int(off.get("totalChars", 0)), off["uri"])
-        original = off.get("original")
-        if isinstance(original, Mapping) and original.get("of") == "output":  # non-text parts keep their markers
-            value = render_with_markers(value, original.get("parts") or [], original.get("uri"))
-        return {**part, "output": {"type": kind, "value": value}}
-    blobs = off.get("blobs") or []
-    if blobs and output.get("type") == "json":
-        texts = {b["key"]: render_marker("", "", int(b["totalLines"]), int(b["totalChars"]), b["uri"])
-                 for b in blobs if b.get("uri")}
-        return {**part, "output": {"type": "json", "value": assemble(output.get("value"), texts)}}
-    return None
 
 
 def _maskable_text(part: Mapping[str, Any]) -> str | None:
@@ -78,7 +45,7 @@ def plan_masking(rows: Sequence[Message]) -> list[ToArchive]:
     out: dict[str, ToArchive] = {}
     for row in rows:
         for part in row.get("parts") or []:
-            if part.get("type") != "tool-result" or _masked_offloaded(part) is not None:
+            if part.get("type") != "tool-result" or masked_part(part) is not None:
                 continue
             text = _maskable_text(part)
             if text is not None:
@@ -98,7 +65,7 @@ def apply_masking(rows: Sequence[Message], written: Mapping[str, str | None]) ->
         for part in parts:
             new = part
             if part.get("type") == "tool-result":
-                masked = _masked_offloaded(part)
+                masked = masked_part(part)
                 if masked is not None:
                     new = masked
                 else:

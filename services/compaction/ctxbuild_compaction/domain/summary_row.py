@@ -69,7 +69,8 @@ def summary_row_id(boundary_id: str) -> str:
 
 FILES_LINE = "[Files attached in this conversation remain readable in full via the read_file tool: "
 TRANSCRIPT_LINE = "[The full transcript of the folded part is readable via the fs_read tool at: "
-ARCHIVE_LINE = "[Tool output archived from this conversation remains readable in full via the fs_read tool at: "  # legacy
+# legacy: archived outputs an older summary row named
+ARCHIVE_LINE = "[Tool output archived from this conversation remains readable in full via the fs_read tool at: "
 
 
 def trailer(handles: Sequence[str] = (), transcripts: Sequence[str] = ()) -> str:
@@ -94,8 +95,8 @@ def split_stored(text: str) -> tuple[str, str | None]:
     """(summary, trailer) of a stored summary; trailer None when it has no attachment/archive line."""
     pieces = text.strip().split("\n\n")
     cut = len(pieces)
-    while cut > 1 and pieces[cut - 1].startswith((FILES_LINE, TRANSCRIPT_LINE, ARCHIVE_LINE)) and pieces[cut - 1].endswith("]") \
-            and "\n" not in pieces[cut - 1]:
+    while cut > 1 and pieces[cut - 1].startswith((FILES_LINE, TRANSCRIPT_LINE, ARCHIVE_LINE)) \
+            and pieces[cut - 1].endswith("]") and "\n" not in pieces[cut - 1]:
         cut -= 1
     if cut == len(pieces):
         return text.strip(), None

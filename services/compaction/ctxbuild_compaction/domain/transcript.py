@@ -25,6 +25,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ctxbuild_codec.records import offload_of
+
 Message = dict[str, Any]
 MEDIA_TYPE = "text/plain"
 
@@ -35,7 +37,7 @@ def needs_full(part: Mapping[str, Any]) -> bool:
     if part.get("type") != "tool-result":
         return False
     output = part.get("output") or {}
-    return output.get("type") == "persisted" or (part.get("offload") or {}).get("mode") == "offloaded"
+    return output.get("type") == "persisted" or offload_of(part) is not None
 
 
 def _json(value: Any) -> str:

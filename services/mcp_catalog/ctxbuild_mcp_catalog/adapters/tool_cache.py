@@ -83,6 +83,15 @@ class KvBuckets:
                 self._kv[which] = kv
         return self._kv[which]
 
+    async def value(self, which: str, key: str) -> bytes | None:
+        """The key's value in bucket ``which``; None when the key is absent (or deleted: an empty value)."""
+        kv = await self.get(which)
+        try:
+            e = await kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        return e.value or None
+
     async def ping(self) -> bool:
         try:
             kv = await self.get("tools")
@@ -97,12 +106,8 @@ class KvToolCache:
         self.b = buckets
 
     async def get(self, server_id: str) -> CacheEntry | None:
-        kv = await self.b.get("tools")
-        try:
-            e = await kv.get(server_key(server_id))
-        except (KeyNotFoundError, NotFoundError):
-            return None
-        return CacheEntry.from_json(e.value) if e.value else None
+        value = await self.b.value("tools", server_key(server_id))
+        return CacheEntry.from_json(value) if value else None
 
     async def get_many(self, server_ids: list[str]) -> dict[str, CacheEntry | None]:
         got = await asyncio.gather(*(self.get(s) for s in server_ids))
@@ -134,12 +139,7 @@ class KvToolCache:
                 continue
 
     async def get_vector(self, key: str) -> bytes | None:
-        kv = await self.b.get("tools")
-        try:
-            e = await kv.get(key)
-        except (KeyNotFoundError, NotFoundError):
-            return None
-        return e.value or None
+        return await self.b.value("tools", key)
 
     async def put_vector(self, key: str, value: bytes) -> None:
         kv = await self.b.get("tools")
@@ -169,12 +169,7 @@ class KvToolCache:
                 log.warning("lease-release-failed", server=server_id, error=str(exc)[:200])
 
     async def leased(self, server_id: str) -> bool:
-        kv = await self.b.get("leases")
-        try:
-            e = await kv.get(server_key(server_id))
-        except (KeyNotFoundError, NotFoundError):
-            return False
-        return bool(e.value)
+        return bool(await self.b.value("leases", server_key(server_id)))
 
 
 class KvTurnStore:
@@ -182,12 +177,8 @@ class KvTurnStore:
         self.b = buckets
 
     async def get(self, turn_id: str) -> dict[str, Any] | None:
-        kv = await self.b.get("turns")
-        try:
-            e = await kv.get(turn_key(turn_id))
-        except (KeyNotFoundError, NotFoundError):
-            return None
-        return json.loads(e.value) if e.value else None
+        value = await self.b.value("turns", turn_key(turn_id))
+        return json.loads(value) if value else None
 
     async def update(self, turn_id: str, fn: Callable[[dict[str, Any] | None], dict[str, Any] | None]) -> \
             dict[str, Any] | None:
@@ -239,14 +230,10 @@ class KvRunLedger:
         raise RuntimeError(f"tool run {key!r}: too much contention")
 
     async def read(self, key: str) -> dict[str, Any] | None:
-        kv = await self.b.get("turns")
-        try:
-            e = await kv.get(key)
-        except (KeyNotFoundError, NotFoundError):
+        value = await self.b.value("turns", key)
+        if not value:
             return None
-        if not e.value:
-            return None
-        entry = json.loads(e.value)
+        entry = json.loads(value)
         if entry.get("state") == "done" and "claim" in entry:
             c = entry.pop("claim")
             data = await self._claims().take(Claim(c["key"], c["size"], c["sha256"], shared=True).checked())

@@ -238,7 +238,7 @@ def _fix_refs(doc: dict[str, Any]) -> dict[str, Any]:
 def _flatten_root(doc: dict[str, Any]) -> dict[str, Any]:
     """Make the root a plain ``type: object`` schema (no top-level combinator)."""
     t = types_of(doc)
-    if t is not None and "object" in t or t is None or not t:
+    if (t is not None and "object" in t) or t is None or not t:
         doc["type"] = "object"
     else:  # a non-object root (not allowed by MCP): accept any object
         return {k: v for k, v in doc.items() if k in ("title", "description", "$defs")} | {"type": "object"}
@@ -457,7 +457,7 @@ def to_gemini(schema: Any) -> dict[str, Any] | None:
                           **{k: v for k, v in base.items() if k in ANNOTATIONS}}
                 out = conv(merged, stack)
             else:
-                out = {k: v for k, v in _annotations(base).items()}
+                out = dict(_annotations(base))
                 out["anyOf"] = [conv(b, stack) for b in rest]
             if nulls:
                 out["nullable"] = True
@@ -930,8 +930,8 @@ def _coerce(root: Any, node: Any, value: Any, depth: int) -> Any:
             parsed = json.loads(value)
         except ValueError:
             parsed = None
-        if isinstance(parsed, dict) and _accepts(root, node, "object") or \
-                isinstance(parsed, list) and _accepts(root, node, "array"):
+        if (isinstance(parsed, dict) and _accepts(root, node, "object")) or \
+                (isinstance(parsed, list) and _accepts(root, node, "array")):
             value = parsed
     if isinstance(value, dict):
         props, required = _object_view(root, node)

@@ -2,8 +2,9 @@
 window. Pure: messages in, messages out, deterministic (the same input renders the same request bytes).
 
 In order, each stage only while the messages are still over ``room`` tokens, oldest first:
-1. **mask** archived tool outputs — an output already offloaded (typed ``offload`` with a URI) or persisted (a
-   v1/v2 envelope) becomes the codec's marker for the same blob with the preview omitted (readable with fs_read);
+1. **mask** archived tool outputs — an output already offloaded (a typed ``offload`` naming its blobs) or
+   persisted (a v1/v2 envelope) becomes the codec's marker for the same blobs with the preview omitted (readable
+   with fs_read; ``ctxbuild_codec.masking.masked_part``, as compaction's masking does);
 2. **excerpt** other long text outputs (head and tail, ``inline_truncate``): the full text stays in the turn's
    events and the conversation, only this request shows less;
 3. **drop** whole earlier exchanges before the turn's task (up to a user message, so no tool call loses its
@@ -18,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ctxbuild_codec import render_marker
-from ctxbuild_codec.envelopes import EnvelopeError, parse, render_part
+from ctxbuild_codec.masking import masked_part
 from ctxbuild_codec.tokens import count_message
 from ctxbuild_codec.trim import inline_truncate
 
@@ -43,30 +43,6 @@ class Fit:
         done = [f"{k}={v}" for k, v in (("masked", self.masked), ("excerpted", self.excerpted),
                                          ("dropped", self.dropped)) if v]
         return "in-process:" + (",".join(done) or "none")
-
-
-def _blank(envelope: Mapping[str, Any]) -> dict[str, Any]:
-    if "blobRefs" in envelope:
-        return {**envelope, "blobRefs": [{**r, "head": "", "tail": ""} for r in envelope["blobRefs"]]}
-    return {**envelope, "head": "", "tail": ""}
-
-
-def masked_part(part: Mapping[str, Any]) -> dict[str, Any] | None:
-    """An archived output as its preview-less marker; None when the output is not archived (or already is one)."""
-    output = part.get("output") or {}
-    if output.get("type") == "persisted" and isinstance(output.get("value"), Mapping):
-        try:
-            parse(output["value"])
-        except EnvelopeError:
-            return None
-        return render_part({**part, "output": {"type": "persisted", "value": _blank(output["value"])}})
-    off = part.get("offload") or {}
-    if off.get("mode") == "offloaded" and off.get("uri") and output.get("type") in ("text", "error-text"):
-        value = render_marker("", "", int(off.get("totalLines", 1)), int(off.get("totalChars", 0)), off["uri"])
-        if output.get("value") == value:
-            return None
-        return {**part, "output": {"type": output["type"], "value": value}}
-    return None
 
 
 def excerpted_part(part: Mapping[str, Any]) -> dict[str, Any] | None:

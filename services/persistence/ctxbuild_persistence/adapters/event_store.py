@@ -18,15 +18,13 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
+from ctxbuild_platform.errors import Conflict
+from ctxbuild_platform.postgres import postgres_errors
 
 from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
 from .db import Database
 
 APPEND_LOCK = 0x6374785F61707064  # 'ctx_appd'
-
-_CONNECTION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-                      asyncpg.InterfaceError, asyncpg.TooManyConnectionsError)
 
 
 def dumps(value: Any) -> str:
@@ -41,17 +39,14 @@ def dumps(value: Any) -> str:
 
 @asynccontextmanager
 async def db_errors() -> AsyncIterator[None]:
-    """Postgres down or unreachable → a retryable typed error instead of a crash reply."""
+    """The platform's classification (``ctxbuild_platform.postgres``: Postgres away or a transient conflict → a
+    retryable ``unavailable``, a value out of range → ``invalid-payload``), plus the event store's own case."""
     try:
-        yield
+        async with postgres_errors("postgres"):
+            yield
     except asyncpg.UniqueViolationError as exc:
         # the lock makes this unreachable for well-behaved writers; a backstop, never a silent overwrite
         raise Conflict(f"concurrent append: {exc.constraint_name or exc}", retryable=True) from exc
-    except _CONNECTION_ERRORS as exc:
-        raise DependencyUnavailable(f"postgres: {type(exc).__name__}: {exc}"[:300]) from exc
-    except (asyncpg.DataError, OverflowError) as exc:
-        # a value the database cannot take (an integer out of a column's range, …): the caller's input, typed
-        raise InvalidPayload(f"a value is out of range for the database: {exc}"[:300]) from exc
 
 
 def _iso(ts: datetime) -> str:

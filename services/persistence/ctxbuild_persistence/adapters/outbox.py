@@ -62,18 +62,14 @@ class OutboxRelay(WakeableWorker):
     def __init__(self, db: Database, connection: Callable[[], NatsClient], *, stream: str, subject_prefix: str,
                  duplicate_window_s: float, poll_interval_s: float, batch_size: int, publish_timeout_s: float,
                  max_backoff_s: float, replicas: int = 1, max_age_s: float = 0.0) -> None:
-        super().__init__()
+        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s)
         self.replicas = replicas
         self.max_age_s = max_age_s
-        self.db = db
         self._connection = connection
         self.stream = stream
         self.subject_prefix = subject_prefix
         self.duplicate_window_s = duplicate_window_s
-        self.poll_interval_s = poll_interval_s
-        self.batch_size = batch_size
         self.publish_timeout_s = publish_timeout_s
-        self.max_backoff_s = max_backoff_s
         self._stream_ready = False
         self._js_ctx: JetStreamContext | None = None
         self._js_conn: NatsClient | None = None
@@ -149,27 +145,12 @@ class OutboxRelay(WakeableWorker):
             raise RuntimeError(f"publish of position {failure[0]} failed: {failure[1]}")
         return len(published)
 
-    async def _run(self) -> None:
-        backoff = 0.0
-        while not self._stopping:
-            self._wake.clear()  # a wake() from here on triggers another round
-            try:
-                n = await self.relay_once()
-                backoff = 0.0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the relay must outlive NATS/Postgres hiccups
-                self._stream_ready = False  # re-check the stream (it may have been deleted) next round
-                backoff = min(max(backoff * 2, 0.1), self.max_backoff_s)
-                log.warning("relay-failed", error=f"{type(exc).__name__}: {exc}"[:300], retry_in_s=backoff)
-                n = 0
-            if n >= self.batch_size and not backoff:
-                continue  # more is waiting
-            if backoff:
-                await asyncio.sleep(backoff)  # not woken by appends: a failing dependency gets a rest
-                continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
-            except TimeoutError:
-                pass
-        log.info("relay-stopped")
+    async def round(self) -> int:
+        return await self.relay_once()
+
+    def more(self, done: int | None) -> bool:
+        return (done or 0) >= self.batch_size  # a full batch: more is waiting
+
+    async def failed(self, error: str, retry_in_s: float) -> None:
+        self._stream_ready = False  # re-check the stream (it may have been deleted) next round
+        log.warning("relay-failed", error=error[:300], retry_in_s=retry_in_s)

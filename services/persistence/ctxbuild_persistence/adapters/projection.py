@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 import structlog
 from ctxbuild_platform.errors import NotFound
+from ctxbuild_platform.postgres import UNAVAILABLE
 from opentelemetry import metrics
 
 from ..domain.conversation import PathWindow, history_reply, page_info
@@ -38,7 +39,7 @@ from ..domain.projection import (
     unprojectable,
 )
 from .db import Database
-from .event_store import _CONNECTION_ERRORS, db_errors, dumps
+from .event_store import db_errors, dumps
 from .worker import WakeableWorker
 
 log = structlog.get_logger("projection")
@@ -71,7 +72,8 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 PARKED_COUNTER = metrics.get_meter("ctxbuild.persistence").create_counter(
     "ctxbuild.projection.parked_events", unit="{event}",
     description="events the conversation projection could not apply and parked (persistence.parked_events)")
-# what a bad event can raise while being applied; connection errors are not among them (the batch is retried)
+# what a bad event can raise while being applied; Postgres being unavailable (ctxbuild_platform.postgres.UNAVAILABLE:
+# the connection, a deadlock, a serialization failure, a cancelled statement) is not: the batch is retried
 _APPLY_ERRORS = (asyncpg.PostgresError, ValueError, TypeError, KeyError, AttributeError, UnicodeError)
 
 
@@ -83,11 +85,22 @@ def _dump_or_none(value: Any) -> str | None:
     return None if value is None else dumps(value)
 
 
+async def _stored(conn: asyncpg.Connection, table: str, column: str,
+                  keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of the (conversation id, ``column``) keys ``persistence.<table>`` already holds."""
+    if not keys:
+        return set()
+    rows = await conn.fetch(
+        f"SELECT t.conversation_id, t.{column} FROM persistence.{table} t JOIN unnest($1::text[], $2::text[]) "
+        f"AS k(c, v) ON t.conversation_id = k.c AND t.{column} = k.v",
+        [c for c, _ in keys], [v for _, v in keys])
+    return {(r[0], r[1]) for r in rows}
+
+
 async def apply_batch(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> Changes:
     """Project ``events`` (position order) inside the caller's transaction; returns what was written."""
     keys = keys_of(events)
     heads: dict[str, ConvHead] = {}
-    known = Known()
     if keys.conversations:
         for r in await conn.fetch(
                 "SELECT conversation_id, version, first_position, last_position, created, title, settings::text "
@@ -96,24 +109,9 @@ async def apply_batch(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> C
             heads[r["conversation_id"]] = ConvHead(
                 r["conversation_id"], r["version"], r["first_position"], r["last_position"], r["created"],
                 r["title"], _load(r["settings"]), r["last_message_id"], r["message_count"], r["attachment_count"])
-    if keys.messages:
-        rows = await conn.fetch(
-            "SELECT m.conversation_id, m.message_id FROM persistence.messages m "
-            "JOIN unnest($1::text[], $2::text[]) AS k(c, id) ON m.conversation_id = k.c AND m.message_id = k.id",
-            [c for c, _ in keys.messages], [i for _, i in keys.messages])
-        known.messages = {(r[0], r[1]) for r in rows}
-    if keys.handles:
-        rows = await conn.fetch(
-            "SELECT a.conversation_id, a.handle FROM persistence.attachments a "
-            "JOIN unnest($1::text[], $2::text[]) AS k(c, h) ON a.conversation_id = k.c AND a.handle = k.h",
-            [c for c, _ in keys.handles], [h for _, h in keys.handles])
-        known.handles = {(r[0], r[1]) for r in rows}
-    if keys.boundaries:
-        rows = await conn.fetch(
-            "SELECT s.conversation_id, s.boundary_id FROM persistence.compaction_summaries s "
-            "JOIN unnest($1::text[], $2::text[]) AS k(c, b) ON s.conversation_id = k.c AND s.boundary_id = k.b",
-            [c for c, _ in keys.boundaries], [b for _, b in keys.boundaries])
-        known.boundaries = {(r[0], r[1]) for r in rows}
+    known = Known(await _stored(conn, "messages", "message_id", keys.messages),
+                  await _stored(conn, "attachments", "handle", keys.handles),
+                  await _stored(conn, "compaction_summaries", "boundary_id", keys.boundaries))
 
     ch = project(events, heads, known)
     await _write(conn, ch)
@@ -138,14 +136,14 @@ async def apply_isolated(conn: asyncpg.Connection, events: Sequence[LogEvent]) -
         try:
             async with conn.transaction():  # a savepoint: a failure undoes this batch's rows only
                 await apply_batch(conn, good)
-        except _CONNECTION_ERRORS:
+        except UNAVAILABLE:
             raise
         except _APPLY_ERRORS:
             for ev in good:
                 try:
                     async with conn.transaction():
                         await apply_batch(conn, [ev])
-                except _CONNECTION_ERRORS:
+                except UNAVAILABLE:
                     raise
                 except _APPLY_ERRORS as exc:
                     parked.append((ev, f"{ev.type}: {type(exc).__name__}: {exc}"))
@@ -223,12 +221,8 @@ class Projector(WakeableWorker):
 
     def __init__(self, db: Database, *, batch_size: int = 500, batch_bytes: int = MAX_BATCH_BYTES,
                  poll_interval_s: float = 1.0, max_backoff_s: float = 5.0) -> None:
-        super().__init__()
-        self.db = db
-        self.batch_size = batch_size
+        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s)
         self.batch_bytes = batch_bytes
-        self.poll_interval_s = poll_interval_s
-        self.max_backoff_s = max_backoff_s
         self.position = 0  # last tracking position this replica saw committed
         self.events_applied = 0  # by this replica (metrics, tests)
         self.events_parked = 0  # by this replica; persistence.parked_events has them all
@@ -304,31 +298,17 @@ class Projector(WakeableWorker):
         except Exception as exc:  # noqa: BLE001 - best effort: the log line is the primary report
             log.debug("projection-error-not-recorded", error=str(exc)[:200])
 
-    async def _run(self) -> None:
-        backoff = 0.0
-        while not self._stopping:
-            self._wake.clear()
-            try:
-                n = await self.project_once()
-                backoff = 0.0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - history falls back to folding while this is failing
-                error = f"{type(exc).__name__}: {exc}"[:500]
-                backoff = min(max(backoff * 2, 0.1), self.max_backoff_s)
-                log.warning("projection-failed", error=error, retry_in_s=backoff)
-                await self._record_error(error)
-                await asyncio.sleep(backoff)
-                continue
-            if n:
-                continue  # more may be waiting (or a full batch was read)
-            # another replica is projecting (None): poll its progress quickly while someone waits for it
-            timeout = 0.05 if (n is None and self._waiters) else self.poll_interval_s
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
-        log.info("projector-stopped")
+    async def round(self) -> int | None:
+        return await self.project_once()
+
+    def idle_timeout(self, done: int | None) -> float:
+        # another replica is projecting (None): poll its progress quickly while someone waits for it
+        return 0.05 if (done is None and self._waiters) else self.poll_interval_s
+
+    async def failed(self, error: str, retry_in_s: float) -> None:
+        # history falls back to folding while this is failing
+        log.warning("projection-failed", error=error, retry_in_s=retry_in_s)
+        await self._record_error(error)
 
 
 # ---------------------------------------------------------------- reads

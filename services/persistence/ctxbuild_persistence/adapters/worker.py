@@ -1,4 +1,5 @@
-"""A background loop that an append can wake early, started after start-up and stopped before the pool closes."""
+"""A background loop over the database that an append can wake early, started after start-up and stopped before
+the pool closes: the outbox relay and the projector."""
 
 from __future__ import annotations
 
@@ -6,22 +7,63 @@ import asyncio
 
 import structlog
 
+from .db import Database
+
 log = structlog.get_logger("worker")
 
 
 class WakeableWorker:
-    """Subclasses implement `_run`, looping until `_stopping` and waiting on `_wake` between rounds."""
+    """Rounds of work (:meth:`round`, one transaction each) until stopped: another round at once while there is
+    more, else a wait for :meth:`wake` or ``poll_interval_s``; a failed round is retried after a backoff that
+    doubles up to ``max_backoff_s`` (the loop outlives Postgres and NATS hiccups)."""
 
     task_name = "worker"
     stop_timeout_s = 10.0
 
-    def __init__(self) -> None:
+    def __init__(self, db: Database, *, batch_size: int, poll_interval_s: float, max_backoff_s: float) -> None:
+        self.db = db
+        self.batch_size = batch_size
+        self.poll_interval_s = poll_interval_s
+        self.max_backoff_s = max_backoff_s
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task | None = None
 
-    async def _run(self) -> None:  # pragma: no cover - abstract
+    async def round(self) -> int | None:  # pragma: no cover - abstract
+        """One unit of work; how much it did (None: nothing to report)."""
         raise NotImplementedError
+
+    def more(self, done: int | None) -> bool:
+        """Whether more work is waiting after a round that did ``done``."""
+        return bool(done)
+
+    def idle_timeout(self, done: int | None) -> float:
+        return self.poll_interval_s
+
+    async def failed(self, error: str, retry_in_s: float) -> None:
+        """A round raised (logged by the subclass; the loop sleeps ``retry_in_s`` next)."""
+
+    async def _run(self) -> None:
+        backoff = 0.0
+        while not self._stopping:
+            self._wake.clear()  # a wake() from here on triggers another round
+            try:
+                done = await self.round()
+                backoff = 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive NATS/Postgres hiccups
+                backoff = min(max(backoff * 2, 0.1), self.max_backoff_s)
+                await self.failed(f"{type(exc).__name__}: {exc}"[:500], backoff)
+                await asyncio.sleep(backoff)  # not woken by appends: a failing dependency gets a rest
+                continue
+            if self.more(done):
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.idle_timeout(done))
+            except TimeoutError:
+                pass
+        log.info("worker-stopped", worker=self.task_name)
 
     async def start(self) -> None:
         if self._task is None:

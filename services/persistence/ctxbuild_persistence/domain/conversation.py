@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxbuild_codec.trim import VFS_SCHEME, handle_prefix_from_uri
+from ctxbuild_codec.records import archived_blobs, archived_uris, usage_of
 from ctxbuild_platform.errors import NotFound
 
 ATTACHMENT_FIELDS = ("sha256", "handle", "displayName", "mediaType", "size")
@@ -214,41 +214,17 @@ def page_info(messages: list[dict[str, Any]], start: str, cleared_before: bool) 
 
 
 def persisted_uris_of(message: Mapping[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    """``(uri, sha256, toolCallId)`` of the tool outputs ctxbuild archived for this message — typed provenance
-    only: ``offload.uri`` of an in-flight trim and ``vfsFilename`` of a persisted v1/v2 envelope. Text that
-    merely looks like a marker is never a source (SPEC §1)."""
-    out: list[tuple[str, str | None, str | None]] = []
-    for part in message.get("parts") or []:
-        if not isinstance(part, Mapping) or part.get("type") != "tool-result":
-            continue
-        call_id = part.get("toolCallId")
-        offload = part.get("offload")
-        if isinstance(offload, Mapping) and offload.get("mode") == "offloaded":
-            uri = _vfs_uri(offload.get("uri"))
-            if uri:
-                out.append((uri, _sha(offload.get("sha256")), call_id))
-        output = part.get("output")
-        if isinstance(output, Mapping) and output.get("type") == "persisted" and isinstance(output.get("value"),
-                                                                                            Mapping):
-            env = output["value"]
-            refs = [env] + [r for r in env.get("blobRefs") or [] if isinstance(r, Mapping)]
-            for ref in refs:
-                uri = _vfs_uri(ref.get("vfsFilename"))
-                if uri:
-                    out.append((uri, _sha(ref.get("fileEntryId")), call_id))
-    return out
+    """``(uri, sha256, toolCallId)`` of every blob ctxbuild archived a tool output of this message in
+    (``ctxbuild_codec.records.archived_blobs``: an in-flight offload's uri, each codec blob and the original; a
+    persisted envelope's vfsFilename, blobRefs and original). Typed provenance only: text that merely looks like
+    a marker is never a source (SPEC §1)."""
+    return [(b.uri, b.sha256, b.tool_call_id) for part in message.get("parts") or [] for b in archived_blobs(part)]
 
 
 def attachment_refs_of(message: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     """``(handle, sha256)`` of the file parts of a message."""
     return [(p["handle"], _sha(p.get("sha256"))) for p in message.get("parts") or []
             if isinstance(p, Mapping) and p.get("type") == "file" and isinstance(p.get("handle"), str)]
-
-
-def _vfs_uri(value: Any) -> str | None:
-    if not isinstance(value, str) or handle_prefix_from_uri(value) is None:
-        return None
-    return value if value.startswith(VFS_SCHEME) else VFS_SCHEME + value
 
 
 def _sha(value: Any) -> str | None:
@@ -260,20 +236,15 @@ def history_extras(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """What the compaction service needs besides the rows (SPEC §8), computed over the whole path:
     ``lastUsage`` (the newest assistant row with provider usage), ``summaries`` (where stored summaries sit on the
     path — index into ``messages``, oldest first; the deepest is the one that counts, its text is the row's
-    ``compactionSummary``) and ``persistedUris`` (archived outputs on the path,
-    in order of first appearance)."""
+    ``compactionSummary``) and ``persistedUris`` (archived outputs on the path, in order of first appearance)."""
     last_usage = None
     for m in reversed(messages):
-        if m.get("role") == "assistant" and isinstance(m.get("usage"), Mapping):
-            last_usage = {"messageId": m["id"], "usage": dict(m["usage"])}
+        if (usage := usage_of(m)) is not None:
+            last_usage = {"messageId": m["id"], "usage": dict(usage)}
             break
     summaries = [{"boundaryId": m["id"], "index": i}
                  for i, m in enumerate(messages) if isinstance(m.get("compactionSummary"), str)]
-    uris: dict[str, None] = {}
-    for m in messages:
-        for uri, _, _ in persisted_uris_of(m):
-            uris.setdefault(uri, None)
-    return {"lastUsage": last_usage, "summaries": summaries, "persistedUris": list(uris)}
+    return {"lastUsage": last_usage, "summaries": summaries, "persistedUris": archived_uris(messages)}
 
 
 def history_reply(conversation_id: str, version: int, title: str | None, messages: list[dict[str, Any]],

@@ -29,100 +29,26 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
-from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import persist_threshold
+from ctxbuild_codec.models.subjects.ctx_persist_complete_turn_reply import PersistCompleteTurnReply
+from ctxbuild_codec.records import archived_blobs, offload_of
 from ctxbuild_platform import contracts
-from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload, ServiceError
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
 from ctxbuild_platform.telemetry import span
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from .adapters.event_store import EventStore, dumps
-from .domain.conversation import conversation_stream, fold
-from .domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
+from ..adapters.blobs import LaneBlobs
+from ..adapters.event_store import EventStore, dumps
+from ..domain.append import NewEvent
+from ..domain.conversation import conversation_stream, fold
+from ..domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
+from .models import AppendEvent, CompleteTurnRequest
 
 log = structlog.get_logger("persist_lane")
-BLOB_ATTEMPTS = 3  # a blob-store call that fails retryably (S3 or the blob store away for a moment) is tried again
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, ServiceError) and bool(exc.retryable)
-
-
-async def _again(call):
-    """``call()`` with up to BLOB_ATTEMPTS attempts on retryable failures (short jittered backoff): a transient
-    outage of the blob store costs a moment, not a part's trim or a message's content reference."""
-    async for attempt in AsyncRetrying(retry=retry_if_exception(_retryable), stop=stop_after_attempt(BLOB_ATTEMPTS),
-                                       wait=wait_exponential_jitter(initial=0.2, max=1.5), reraise=True):
-        with attempt:
-            return await call()
-    raise AssertionError("unreachable")
-
 ENVELOPE_CONTRACT = "envelopes/envelope.json"
-
-
-class LaneBlobs:
-    """The blob-store calls of the lane, through ``ctxbuild_blobclient.BlobClient`` (inline put, or the chunked
-    upload for content over one NATS message), bounded in concurrency; failures are answers, not exceptions."""
-
-    def __init__(self, client: BlobClient, *, concurrency: int) -> None:
-        self.client = client
-        self._slots = asyncio.Semaphore(concurrency)
-
-    async def put(self, conversation_id: str, w: BlobWrite) -> str | None:
-        """The URI the store acknowledged for exactly these bytes, or None (the part keeps its full text)."""
-        async with self._slots:
-            try:
-                reply = await _again(lambda: self.client.put(w.text, conversation_id, ("message", w.message_id),
-                                                             "tool_output", media_type="text/plain", sha256=w.sha256))
-            except Exception as exc:  # noqa: BLE001 - any failure of one write only costs that part its trim
-                log.warning("blob-put-failed", message=w.message_id, sha256=w.sha256,
-                            error=f"{type(exc).__name__}: {exc}"[:300])
-                return None
-        if reply.get("sha256") != w.sha256:
-            log.error("blob-put-mismatch", expected=w.sha256, got=reply.get("sha256"))
-            return None
-        return reply["uri"]
-
-    async def ref(self, conversation_id: str, message_id: str, sha256: str) -> bool:
-        async with self._slots:
-            try:
-                await _again(lambda: self.client.ref(sha256, conversation_id, ("message", message_id), "tool_output"))
-                return True
-            except Exception as exc:  # noqa: BLE001 - the provisional reference still holds the blob
-                log.info("blob-ref-failed", message=message_id, sha256=sha256,
-                         error=f"{type(exc).__name__}: {exc}"[:200])
-                return False
-
-    async def resolve_parts(self, conversation_id: str, message: dict[str, Any]) -> dict[str, Any]:
-        """A message whose parts came by content reference, with the parts read back."""
-        return await content_ref.resolve_message(self.client, message, conversation_id)
-
-    async def small_parts(self, conversation_id: str, message: dict[str, Any], fits: int) -> dict[str, Any]:
-        """The message with its parts by content reference when they are large (SPEC §15.1: events stay small);
-        the blob is owned by the message (``tool_output``), like its trimmed outputs, so GC keeps it. The blob
-        store failing keeps a message that still fits ``fits`` bytes inline (better fat than lost)."""
-        async with self._slots:
-            try:
-                return await _again(lambda: content_ref.store_message_parts(
-                    self.client, message, conversation_id, ("message", message["id"]), "tool_output"))
-            except Exception as exc:
-                if len(dumps(message).encode("utf-8", "surrogatepass")) <= fits:
-                    log.warning("content-ref-skipped", message=message.get("id"),
-                                error=f"{type(exc).__name__}: {exc}"[:200])
-                    return message
-                raise
-
-    async def release(self, message_id: str, sha256: str | None = None) -> bool:
-        try:
-            await self.client.release(("message", message_id), "tool_output", sha256)
-            return True
-        except Exception as exc:  # noqa: BLE001 - the reference leaks (storage), nothing is lost
-            log.warning("blob-release-failed", message=message_id, error=f"{type(exc).__name__}: {exc}"[:200])
-            return False
 
 
 def _valid_envelopes(messages: Sequence[dict[str, Any]]) -> None:
@@ -137,31 +63,29 @@ def _valid_envelopes(messages: Sequence[dict[str, Any]]) -> None:
 
 
 def inflight_offloads(messages: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(message id, sha256) of every blob the in-flight lane offloaded (typed provenance): the single blob of an
-    opaque offload and each per-field blob of a codec offload (``offload.blobs``: web results, read echoes).
-    Each gets a tool_output reference owned by the message, so releasing the turn's provisional references at
-    its end never strands a trimmed entity."""
+    """(message id, sha256) of every blob the in-flight lane offloaded (typed provenance,
+    ``ctxbuild_codec.records``): the single blob of an opaque offload, each per-field blob of a codec offload
+    (``offload.blobs``: web results, read echoes) and the original of a non-text output. Each gets a tool_output
+    reference owned by the message, so releasing the turn's provisional references at its end never strands a
+    trimmed entity."""
     out: dict[tuple[str, str], None] = {}
     for m in messages:
         if m.get("role") != "tool":
             continue
         for p in m.get("parts") or []:
-            off = p.get("offload") if isinstance(p, dict) else None
-            if not isinstance(off, dict) or off.get("mode") != "offloaded":
-                continue
-            if isinstance(off.get("sha256"), str):
-                out.setdefault((m["id"], off["sha256"]), None)
-            for b in [*(off.get("blobs") or []), off.get("original")]:  # original: a non-text output (§15.1)
-                if isinstance(b, dict) and isinstance(b.get("sha256"), str):
-                    out.setdefault((m["id"], b["sha256"]), None)
+            if isinstance(p, dict) and offload_of(p) is not None:
+                for blob in archived_blobs({**p, "output": None}):  # the offload's blobs, not an envelope's
+                    if blob.sha256 is not None:
+                        out.setdefault((m["id"], blob.sha256), None)
     return list(out)
 
 
-def completed_events(payload: dict[str, Any], messages: Sequence[dict[str, Any]],
+def completed_events(turn: Mapping[str, Any], messages: Sequence[dict[str, Any]],
                      budget: int) -> list[dict[str, Any]]:
-    """The turn's AssistantMessageCompleted events: its messages in order, as many per event as fit ``budget``
-    bytes of JSON (large parts are already references, so every message is small). The first event has the
-    request's eventId, the others ids derived from it: a retry appends the same events, all duplicates."""
+    """The turn's AssistantMessageCompleted events (``turn``: its eventId, turnId, usage and metadata as JSON): its
+    messages in order, as many per event as fit ``budget`` bytes of JSON (large parts are already references, so
+    every message is small). The first event has the request's eventId, the others ids derived from it: a retry
+    appends the same events, all duplicates."""
     groups: list[list[dict[str, Any]]] = [[]]
     used = 0
     for m in messages:
@@ -171,22 +95,25 @@ def completed_events(payload: dict[str, Any], messages: Sequence[dict[str, Any]]
             used = 0
         groups[-1].append(m)
         used += size
-    first = payload["eventId"]
+    first = turn["eventId"]
     out = []
     for i, group in enumerate(groups):
-        data: dict[str, Any] = {"turnId": payload["turnId"], "messages": group}
-        if i == len(groups) - 1 and payload.get("usage") is not None:
-            data["usage"] = payload["usage"]
+        data: dict[str, Any] = {"turnId": turn["turnId"], "messages": group}
+        if i == len(groups) - 1 and turn.get("usage") is not None:
+            data["usage"] = turn["usage"]
         eid = first if i == 0 else str(uuid.uuid5(uuid.UUID(first), f"AssistantMessageCompleted/{i}"))
         event = {"eventId": eid, "type": "AssistantMessageCompleted", "data": data}
-        if payload.get("metadata"):
-            event["metadata"] = payload["metadata"]
+        if turn.get("metadata"):
+            event["metadata"] = turn["metadata"]
         out.append(event)
     return out
 
 
 class PersistLane:
-    def __init__(self, store: EventStore, blobs: LaneBlobs, to_events: Callable[[list[dict[str, Any]], str], list],
+    """``ctx.persist.complete_turn`` (the module doc tells the steps)."""
+
+    def __init__(self, store: EventStore, blobs: LaneBlobs,
+                 to_events: Callable[[Sequence[AppendEvent], str], list[NewEvent]],
                  on_appended: Callable[[], None], *, promote_inflight_refs: bool = True,
                  event_budget: int = 48 * 1024) -> None:
         self.event_budget = event_budget  # messages' JSON per event, leaving room for metadata (trace context)
@@ -196,11 +123,11 @@ class PersistLane:
         self.on_appended = on_appended
         self.promote_inflight_refs = promote_inflight_refs
 
-    async def complete_turn(self, payload: dict[str, Any]) -> dict[str, Any]:
-        cid, turn_id = payload["conversationId"], payload["turnId"]
+    async def complete_turn(self, req: CompleteTurnRequest) -> PersistCompleteTurnReply:
+        cid, turn_id = req.conversationId, req.turnId
         messages: list[dict[str, Any]] = await asyncio.gather(
-            *(self.blobs.resolve_parts(cid, m) for m in payload["messages"]))
-        threshold = persist_threshold((payload.get("settings") or {}).get("truncateThreshold"))
+            *(self.blobs.resolve_parts(cid, m) for m in req.messages))
+        threshold = persist_threshold(req.settings.truncateThreshold if req.settings is not None else None)
         with span("persist.lane", **{"ctx.conversation_id": cid, "ctx.turn_id": turn_id}) as sp:
             plans = await asyncio.to_thread(plan_turn, messages, threshold) if _big(messages) \
                 else plan_turn(messages, threshold)
@@ -230,11 +157,12 @@ class PersistLane:
                 raise DependencyUnavailable(f"persist lane: large message parts could not be stored: "
                                             f"{type(exc).__name__}") from exc
             owners |= {m["id"] for m, s_ in zip(stored, small) if s_ is not m}
-            events = completed_events(payload, small, self.event_budget)
+            turn = {"eventId": str(req.eventId), "turnId": turn_id, "usage": req.usage, "metadata": req.metadata}
+            events = completed_events(turn, small, self.event_budget)
             stream = conversation_stream(cid)
             try:
-                result = await self.store.append(stream, payload.get("expectedVersion"),
-                                                 self.to_events(events, stream))
+                result = await self.store.append(stream, req.expectedVersion, self.to_events(
+                    [AppendEvent.model_validate(e) for e in events], stream))
             except (Conflict, InvalidPayload) as exc:
                 log.warning("complete-turn-refused", conversation=cid, turn=turn_id, code=exc.code,
                             error=exc.message[:300])
@@ -251,7 +179,7 @@ class PersistLane:
         out: dict[str, Any] = {"append": result, "threshold": threshold, "parts": report}
         if self.promote_inflight_refs:
             out["references"] = {"promoted": promoted, "failed": failed_refs}
-        return out
+        return PersistCompleteTurnReply.model_validate(out)
 
     async def _release_unused(self, positions: Sequence[int], writes: Sequence[BlobWrite],
                               uris: Sequence[str | None], conversation_id: str) -> None:
@@ -290,17 +218,9 @@ class PersistLane:
 
 
 def _named_blobs(message: dict[str, Any]) -> set[str]:
-    """sha256s a stored message's persisted envelopes refer to."""
-    out: set[str] = set()
-    for p in message.get("parts") or []:
-        out_ = p.get("output") if isinstance(p, dict) else None
-        if isinstance(out_, dict) and out_.get("type") == "persisted" and isinstance(out_.get("value"), dict):
-            env = out_["value"]
-            refs = [env, env.get("original"), *(env.get("blobRefs") or [])]  # original: non-text output (§15.1)
-            for ref in [r for r in refs if isinstance(r, dict)]:
-                if isinstance(ref.get("fileEntryId"), str):
-                    out.add(ref["fileEntryId"])
-    return out
+    """sha256s of the blobs a stored message names (``ctxbuild_codec.records``: its persisted envelopes'
+    blobs and originals, and any in-flight offload's)."""
+    return {b.sha256 for p in message.get("parts") or [] for b in archived_blobs(p) if b.sha256 is not None}
 
 
 def _big(messages: Sequence[dict[str, Any]], limit: int = 1 << 20) -> bool:

@@ -1,4 +1,5 @@
-"""Summarizers behind one interface (SPEC §10): ``await summarizer.fold(FoldRequest) -> FoldOutcome``.
+"""Summarizers behind one interface (SPEC §10): ``await summarizer.fold(FoldRequest) -> FoldOutcome``, and which
+one a request gets (:class:`Summarizers`).
 
 - :class:`LlmSummarizer` — through the shared provider adapters (``ctxbuild_providers``): flatten, budgets from
   ``ctxbuild_codec.summarizer_budgets``, stubbing 4000 → 1000 → 200 → 0, the omission clamp, post-processing.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -20,7 +22,7 @@ from ctxbuild_codec import summarizer_budgets
 from ctxbuild_codec.tokens import count_messages
 from ctxbuild_providers import ModelRequest, Provider
 
-from .domain import (
+from ..domain import (
     FoldOutcome,
     FoldRequest,
     apply_masking,
@@ -29,7 +31,7 @@ from .domain import (
     plan_masking,
     postprocess,
 )
-from .domain.llm_input import SYSTEM
+from ..domain.llm_input import SYSTEM
 
 log = structlog.get_logger("compaction.summarizers")
 
@@ -123,3 +125,61 @@ async def fold_with_fallback(summarizer: Summarizer, request: FoldRequest, fallb
     fb.calls += outcome.calls
     fb.input_tokens += outcome.input_tokens
     return fb
+
+
+@dataclass
+class Choice:
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    note: str | None = None   # e.g. llm-unavailable
+
+
+@dataclass
+class Summarizers:
+    """Which summarizer a request gets: ``settings.summarizer`` of the request, else the service default.
+
+    ``llm`` needs a model endpoint (``provider_for(kind, model)``); without one the offline ``extractive`` is
+    used and the decision says ``llm-unavailable``. Masking (archiving through ``put``) is every other
+    summarizer's fallback.
+    """
+
+    default: str = "extractive"
+    _: KW_ONLY
+    put: InitVar[PutText | None] = None
+    provider_for: Callable[[str | None, str], Provider | None] | None = None
+    summarizer_provider: str | None = None
+    summarizer_model: str | None = None
+    summarizer_window: int | None = None
+    extractive: ExtractiveSummarizer = field(init=False)
+    masking: MaskingSummarizer = field(init=False)
+
+    def __post_init__(self, put: PutText | None) -> None:
+        self.extractive = ExtractiveSummarizer()
+        self.masking = MaskingSummarizer(put)
+
+    def pick(self, settings: dict[str, Any] | None) -> Choice:
+        s = settings or {}
+        kind = s.get("summarizer") or self.default
+        if kind == "masking":
+            return Choice(self.masking, None)
+        if kind == "llm":
+            provider_kind = self.summarizer_provider or s.get("provider")
+            model = s.get("summarizerModel") or self.summarizer_model or s.get("model")
+            provider = self.provider_for(provider_kind, model) if self.provider_for and model else None
+            if provider is not None:
+                window = s.get("summarizerWindow") or self.summarizer_window
+                return Choice(LlmSummarizer(provider, model, window=window, chat_window=s.get("contextWindow")),
+                              self.masking)
+            return Choice(self.extractive, self.masking, "llm-unavailable")
+        return Choice(self.extractive, self.masking)
+
+
+def as_summarizers(s: Summarizers | Summarizer | None) -> Summarizers:
+    """A picker for ``s``: the default one, ``s`` itself, or one that always picks the summarizer ``s``."""
+    if s is None:
+        return Summarizers()
+    if isinstance(s, Summarizers):
+        return s
+    out = Summarizers()
+    out.pick = lambda _settings: Choice(s, out.masking)  # type: ignore[method-assign]
+    return out

@@ -1,0 +1,23 @@
+"""MCP tool catalogs saved as files: ``<server>.tools.json`` = ``{"server": …, "tools": [tools/list entries]}``
+(the real catalogs under the shared data folder), read as the catalog's cached tools — what the benches and the
+real-data tests rank, sanitize and defer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..domain.tool_ids import tool_id
+
+
+def load_catalogs(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each server's tools (its id is also its label and namespace), by server, in file-name order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for f in sorted(folder.glob("*.tools.json")):
+        doc = json.loads(f.read_text())
+        server = doc["server"]
+        out[server] = [{"id": tool_id(server, t["name"], server), "name": t["name"], "serverId": server,
+                        "namespace": server, "description": t.get("description") or "",
+                        "inputSchema": t["inputSchema"]} for t in doc["tools"]]
+    return out

@@ -1,0 +1,89 @@
+"""The event log use cases: ``ctx.persist.append`` (validate, refuse what could never be read back, stamp the trace
+context, append), ``ctx.persist.read_stream`` and ``ctx.persist.read_all``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ctxbuild_codec.models.subjects.ctx_persist_append_reply import PersistAppendReply
+from ctxbuild_codec.models.subjects.ctx_persist_read_all_request import PersistReadAllRequest
+from ctxbuild_codec.models.subjects.ctx_persist_read_stream_request import PersistReadStreamRequest
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import InvalidPayload
+from opentelemetry.propagate import inject
+
+from ..adapters.event_store import EventStore, dumps
+from ..domain.append import NewEvent
+from ..domain.projection import LogEvent, lone_surrogate_at, unprojectable
+from ..settings import Settings
+from .models import AppendEvent, AppendRequest, ReadAllReply, ReadStreamReply
+
+
+def event_contract(event_type: str) -> str | None:
+    name = f"events/{event_type}.json"
+    return name if contracts.has_contract(name) else None
+
+
+def to_new_events(events: Sequence[AppendEvent], max_event_bytes: int, stream_id: str | None = None) -> list[NewEvent]:
+    """Request events → NewEvent, validating each ``data`` against ``contracts/events/<Type>.json`` when it
+    exists, refusing what could be stored but never read or projected (a lone surrogate anywhere; on a
+    conversation stream, a NUL character in a field the projection keeps as text: SPEC §15.3), and stamping the
+    current trace context into ``metadata`` (caller-provided keys win). ``data`` is stored as the caller sent it."""
+    trace: dict[str, str] = {}
+    inject(trace)
+    out: list[NewEvent] = []
+    if stream_id is not None and ("\x00" in stream_id or lone_surrogate_at(stream_id) is not None):
+        raise InvalidPayload("streamId holds a NUL character or a lone surrogate")
+    for i, ev in enumerate(events):
+        name = event_contract(ev.type)
+        if name is not None:
+            try:
+                contracts.validate(name, ev.data)
+            except InvalidPayload as exc:
+                raise InvalidPayload(f"events/{i} ({ev.type}): {exc.message}",
+                                     details={**(exc.details or {}), "eventIndex": i}) from exc
+        given = ev.metadata or {}
+        reason = unprojectable(LogEvent(0, stream_id or "", 0, ev.type, ev.data)) or (
+            f"{ev.type}: {where} holds a lone UTF-16 surrogate (not encodable as UTF-8)"
+            if (where := lone_surrogate_at(given, "metadata")) is not None else None)
+        if reason is not None:
+            raise InvalidPayload(f"events/{i} ({ev.type}): cannot be stored: {reason}", details={"eventIndex": i})
+        metadata = {**trace, **given}
+        size = len(dumps(ev.data).encode()) + len(dumps(metadata).encode())
+        if size > max_event_bytes:
+            raise InvalidPayload(f"events/{i} ({ev.type}): {size} bytes of JSON, over {max_event_bytes}",
+                                 details={"eventIndex": i, "bytes": size, "limit": max_event_bytes})
+        out.append(NewEvent(event_id=str(ev.eventId), type=ev.type, data=ev.data, metadata=metadata))
+    return out
+
+
+class EventLog:
+    """Append and read, with the service's limits (page size and byte budget capped by the settings)."""
+
+    def __init__(self, store: EventStore, settings: Settings, on_appended: Callable[[], None]) -> None:
+        self.store = store
+        self.settings = settings
+        self.on_appended = on_appended
+
+    def limit_of(self, limit: int | None) -> int:
+        return min(limit if limit is not None else self.settings.read_default_limit, self.settings.read_max_limit)
+
+    def bytes_of(self, max_bytes: int | None) -> int:
+        s = self.settings
+        return min(max_bytes if max_bytes is not None else s.read_default_bytes, s.read_max_bytes)
+
+    async def append(self, req: AppendRequest) -> PersistAppendReply:
+        events = to_new_events(req.events, self.settings.max_event_bytes, req.streamId)
+        result = await self.store.append(req.streamId, req.expectedVersion, events)
+        if result["duplicates"] < len(events):
+            self.on_appended()
+        return PersistAppendReply.model_validate(result)
+
+    async def read_stream(self, req: PersistReadStreamRequest) -> ReadStreamReply:
+        page = await self.store.read_stream(req.streamId, req.fromVersion or 1, self.limit_of(req.limit),
+                                            self.bytes_of(req.maxBytes))
+        return ReadStreamReply.model_validate(page)
+
+    async def read_all(self, req: PersistReadAllRequest) -> ReadAllReply:
+        page = await self.store.read_all(req.afterPosition or 0, self.limit_of(req.limit), self.bytes_of(req.maxBytes))
+        return ReadAllReply.model_validate(page)
