@@ -8,7 +8,9 @@ import re
 
 import pytest
 from argon2 import PasswordHasher
-from ctxbuild_orchestration.auth import _KEY, AuthConfig, Authenticator, Principal, new_key
+from ctxbuild_orchestration.adapters.auth import AuthConfig, Authenticator
+from ctxbuild_orchestration.domain.keys import KEY_FORMAT as _KEY
+from ctxbuild_orchestration.domain.keys import Principal, new_key
 from fastapi import HTTPException
 
 FAST = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)  # unit tests only: the service uses the defaults

@@ -32,7 +32,7 @@ async def test_replay_plays_steps_in_turn_order_and_fills_uris():
     tool_msg = {"id": "t", "role": "tool", "parts": [{"type": "tool-result", "toolCallId": "c", "toolName": "x",
                 "output": {"type": "text", "value": "m"}, "offload": {"uri": "context://vfs/vfs_aaaaaaaaaaaaaaaa.txt",
                                                                       "mode": "offloaded"}}]}
-    first = await p.complete(ModelRequest("replay", "sys", _msgs("user") + [tool_msg]))
+    first = await p.complete(ModelRequest("replay", "sys", [*_msgs("user"), tool_msg]))
     assert first.tool_calls[0]["input"] == {"uri": "context://vfs/vfs_aaaaaaaaaaaaaaaa.txt"}
     assert first.stop_reason == "tool_calls" and first.usage["inputTokens"] > 0
     second = await p.complete(ModelRequest("replay", "sys", _msgs("user", "assistant")))

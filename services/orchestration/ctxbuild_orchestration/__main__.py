@@ -15,13 +15,13 @@ from ctxbuild_platform.service import broker_options, serve
 from fastapi import FastAPI
 from faststream.nats.fastapi import NatsRouter
 
+from .adapters.auth import AuthConfig, Authenticator
 from .adapters.backends import Backends
 from .adapters.work_queue import QueueConfig, TurnQueue
 from .app.edge import Edge, EdgeLimits
 from .app.providers import check_provider, provider_factory
 from .app.runner import TurnRunner, new_id
 from .app.runner_loop import RunnerLoop
-from .auth import AuthConfig, Authenticator
 from .handlers import RunnerHandlers, register_runner
 from .routers import build_api, health, install_error_handlers
 from .routers.health import Readiness
@@ -45,7 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                DeadLetterConfig(stream=settings.dead_letter_stream,
                                                 replicas=settings.turns_stream_replicas))
     queue = TurnQueue(lambda: broker.connection, QueueConfig(
-        stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer, ack_wait_s=settings.turn_ack_wait_s,
+        stream=settings.turns_stream, subject=settings.turns_subject, durable=settings.turns_consumer,
+        ack_wait_s=settings.turn_ack_wait_s,
         replicas=settings.turns_stream_replicas, max_deliveries=settings.turn_max_deliveries), dead_letters)
     web = WebTools(settings, mcp_invoke=lambda tool_id, args: backends.invoke(tool_id, args, new_id("call")))
     runner = TurnRunner(runner_backends, provider_factory(settings, runner_backends),

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from ctxbuild_platform.settings import ServiceSettings
 from pydantic import Field, SecretStr, model_validator
@@ -8,11 +8,18 @@ from pydantic import Field, SecretStr, model_validator
 from .tools.settings import WebToolSettings
 
 
+def retried(default: float, what: str, until: str) -> Any:
+    """A runner patience in seconds: how long ``what`` is retried (with backoff) ``until``."""
+    sep = "" if until.startswith(";") else " "
+    return Field(default, ge=0, description=f"runner: how long {what} is retried{sep}{until}")
+
+
 class Settings(ServiceSettings, WebToolSettings):
     service_name: str = "orchestration"
     role: Literal["all", "edge", "runner"] = Field(
         "all", description="edge = HTTP API only; runner = pulls turns from the work queue only; all = both")
-    max_steps: int = Field(20, ge=1, description="default model calls per turn; more ends it with TurnFailed(step-limit)")
+    max_steps: int = Field(20, ge=1, description="default model calls per turn; more ends it with "
+                           "TurnFailed(step-limit)")
     max_steps_limit: int = Field(200, ge=1, description="the most a turn may ask for with maxSteps")
     max_concurrent_turns: int = Field(16, ge=1, description="turns one runner replica runs at once")
     turn_ack_wait_s: float = Field(30.0, gt=1, description="a runner silent this long (no heartbeat) loses its turn "
@@ -26,19 +33,19 @@ class Settings(ServiceSettings, WebToolSettings):
                                      "dead-letter stream instead of being run again")
     dead_letter_stream: str = Field("CTX_DEAD_LETTERS", description="JetStream stream of parked messages "
                                     "(subjects ctx.dlq.<original subject>)")
-    persist_patience_s: float = Field(120.0, ge=0, description="runner: how long a persistence call (append by "
-                                      "event id, read, persist lane) is retried while persistence/Postgres is away")
-    terminal_patience_s: float = Field(600.0, ge=0, description="runner: how long a turn's terminal event is "
-                                       "retried; then the command is handed back (resumed or ended later)")
+    persist_patience_s: float = retried(120.0, "a persistence call (append by event id, read, persist lane)",
+                                        "while persistence/Postgres is away")
+    terminal_patience_s: float = retried(600.0, "a turn's terminal event",
+                                         "; then the command is handed back (resumed or ended later)")
     compaction_timeout_s: float = Field(120.0, gt=0, description="runner: one compaction call (an llm summarizer "
                                         "is a model call); past it the runner fits the window in-process")
     truncate_attempt_timeout_s: float = Field(15.0, gt=0, description="runner: one ctx.truncate.step attempt "
                                               "(+1 s per 4 MiB of outputs); a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")
-    blob_patience_s: float = Field(30.0, ge=0, description="runner: how long an idempotent blob-store call (a turn's "
-                                   "large content, reads) is retried while the blob store or S3 is away")
-    keep_request_patience_s: float = Field(20.0, ge=0, description="runner: how long a served request's blob "
-                                           "write is retried before StepServed records it missing")
+    blob_patience_s: float = retried(30.0, "an idempotent blob-store call (a turn's large content, reads)",
+                                     "while the blob store or S3 is away")
+    keep_request_patience_s: float = retried(20.0, "a served request's blob write",
+                                             "before StepServed records it missing")
     abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
                                  "this long is ended by the edge (one terminal event id either way)")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
@@ -63,7 +70,7 @@ class Settings(ServiceSettings, WebToolSettings):
         48 * 1024 * 1024, ge=1, description="a replay provider's script + tools as JSON (over 32 KiB: a blob)")
     max_attachment_name_chars: int = Field(255, ge=1, description="an attachment's file name")
 
-    # authentication and tenants (SPEC §15.3, auth.py): every /v1 call carries an API key or an OIDC token
+    # authentication and tenants (SPEC §15.3, adapters/auth.py): every /v1 call carries an API key or an OIDC token
     admin_api_key: SecretStr | None = Field(
         None, description="bootstrap admin credential (manages /v1/keys); never defaulted — unset: no admin key")
     auth_cache_s: float = Field(5.0, ge=0, le=60, description="a verified API key is trusted this long without "

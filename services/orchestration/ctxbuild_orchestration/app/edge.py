@@ -21,10 +21,11 @@ from pydantic import BaseModel
 
 from ..adapters import content
 from ..adapters.aborts import ABORT_SUBJECT
+from ..adapters.auth import Authenticator
 from ..adapters.backends import Backends, new_event
 from ..adapters.deltas import DeltaFeed
 from ..adapters.work_queue import TurnQueue
-from ..auth import KEY_INDEX, KEY_STREAM, LEGACY_TENANT, Authenticator, Principal, new_key
+from ..domain.keys import KEY_INDEX, KEY_STREAM, LEGACY_TENANT, Principal, new_key
 from ..domain.turn_state import TERMINAL, TurnState, event_id, fold
 from .results import full_output
 from .runner import keep_finished_steps, new_id

@@ -240,8 +240,9 @@ class TurnRunner:
                     if st.abort:
                         raise TurnAborted(st.abort.get("reason") or "aborted before it started")
                     if attempt > MAX_ATTEMPTS:
-                        await self._end_failed(st, ts, "runner-crashed", f"the turn was picked up {attempt} times and never "
-                                         "finished; it is failed so it cannot crash another replica", retryable=True)
+                        await self._end_failed(st, ts, "runner-crashed", f"the turn was picked up {attempt} times "
+                                               "and never finished; it is failed so it cannot crash another "
+                                               "replica", retryable=True)
                         return "failed"
                     if not st.started:
                         await ts.emit("TurnStarted", {"turnId": turn_id, "conversationId": cmd["conversationId"],

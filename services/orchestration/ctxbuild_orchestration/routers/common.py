@@ -11,8 +11,9 @@ from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.types import Message
 
+from ..adapters.auth import Authenticator, credential_of
 from ..app.edge import EdgeLimits
-from ..auth import Authenticator, Principal, credential_of
+from ..domain.keys import Principal
 from .models import ApiError
 
 # Path ids: what the service hands out (conv_…, turn_…, msg_…) and providers' tool call ids (call_…, toolu_…).

@@ -9,8 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..adapters.auth import Authenticator, credential_of
 from ..app.edge import safe_text
-from ..auth import Authenticator, credential_of
 
 STATUS = {"invalid-payload": 422, "not-found": 404, "version-conflict": 409, "unavailable": 503, "timeout": 504,
           "provider-not-configured": 400, "unsupported-media": 415, "conflict": 409,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.routing import APIRoute
 
 from ..app.edge import Edge
-from ..auth import TENANT_PATTERN, Principal
+from ..domain.keys import TENANT_PATTERN, Principal
 from .common import Caller
 from .models import ApiError, CreateKey
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..app.edge import bad_text_at
-from ..auth import TENANT_PATTERN
+from ..domain.keys import TENANT_PATTERN
 
 
 class RequestBody(BaseModel):

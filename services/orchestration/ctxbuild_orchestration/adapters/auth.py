@@ -23,11 +23,9 @@ window, ``limits``) and concurrent running turns → 429 with ``Retry-After``. B
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import math
 import re
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -44,40 +42,22 @@ from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from ..domain.keys import (
+    ADMIN_TENANT,
+    KEY_FORMAT,
+    KEY_PREFIX,
+    KEY_STREAM,
+    TENANT_PATTERN,
+    Principal,
+    secret_digest,
+)
+
 log = structlog.get_logger("auth")
 
-KEY_PREFIX = "ctx_"
-KEY_STREAM = "apikey:"  # apikey:<keyId>: ApiKeyIssued, then maybe ApiKeyRevoked
-KEY_INDEX = "apikeys"  # ApiKeyIndexed per issued key (listing)
-ADMIN_TENANT = "admin"
-LEGACY_TENANT = "default"  # a conversation created before tenants (no tenantId in ConversationCreated)
-_KEY = re.compile(r"^ctx_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})$")
-TENANT_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="ctxbuild"'}
 # wrong secrets for one real key id, per second and replica, before further tries are refused without hashing
 # (each try costs an argon2 hash; unknown key ids cost none). The key's owner is unaffected while cached.
 FAILED_VERIFICATIONS = RateLimitItemPerSecond(5)
-
-
-def new_key() -> tuple[str, str, str]:
-    """A fresh key: (keyId, secret, the key as the client sends it)."""
-    key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
-    return key_id, secret, f"{KEY_PREFIX}{key_id}_{secret}"
-
-
-def _digest(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode()).digest()
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the tenant its conversations belong to, and what limits apply."""
-
-    subject: str  # key:<keyId>, admin, jwt:<iss>#<sub>
-    tenant: str
-    admin: bool = False
-    requests_per_second: int | None = None  # None: the settings' default
-    max_running_turns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,11 +141,11 @@ class Authenticator:
         raise unauthenticated("invalid credential")
 
     async def _api_key(self, key: str) -> Principal:
-        m = _KEY.match(key)
+        m = KEY_FORMAT.match(key)
         if m is None:
             raise unauthenticated("invalid API key")
         key_id, secret = m.groups()
-        digest, now = _digest(secret), time.monotonic()
+        digest, now = secret_digest(secret), time.monotonic()
         hit = self._cache.get(key_id)
         if hit is not None and hit.until > now and hmac.compare_digest(hit.digest, digest):
             return hit.principal
