@@ -22,7 +22,7 @@ from ctxbuild_codec.contract_models import dump
 from ctxbuild_codec.models.subjects.ctx_truncate_step_reply import CtxTruncateStepReply
 from ctxbuild_codec.models.subjects.ctx_truncate_step_request import CtxTruncateStepRequest
 from ctxbuild_platform.claims import encode_json
-from ctxbuild_platform.errors import InvalidPayload, ServiceError
+from ctxbuild_platform.errors import ServiceError
 from ctxbuild_platform.rpc import dispatch
 
 from . import app, wire
@@ -53,27 +53,21 @@ class StepHandler:
         ctx = contextvars.copy_context()  # the trace context follows the work (log lines keep their trace ids)
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(ctx.run, fn, *args))
 
-    def _small(self, raw: bytes) -> tuple[bool, Any]:
-        """(stays on the loop, the parsed request when it was parsed here). Undecodable → the loop: ``dispatch``
-        answers it."""
-        if len(raw) > self.loop_max_bytes:
-            return False, None
-        try:
-            payload = wire.parse(raw)  # small: how many parts (validation cost) and claims?
-        except InvalidPayload:
-            return True, None
-        return (isinstance(payload, dict) and not payload.get("claims") and isinstance(payload.get("parts"), list)
-                and len(payload["parts"]) <= self.loop_max_parts), payload
+    def _on_loop(self, raw: bytes) -> bool:
+        """Small enough for the loop: few bytes, few parts (validation cost), no claims — judged on the bytes, so a
+        small request is parsed once, by ``dispatch`` (every part carries ``"type":"tool-result"``; a count that
+        also matches inside a tool output only sends the request to the threads)."""
+        return (len(raw) <= self.loop_max_bytes and b'"claims"' not in raw
+                and raw.count(b'"tool-result"') <= self.loop_max_parts)
 
     async def handle(self, raw: bytes) -> bytes:
-        small, payload = self._small(raw)
-        if small:
+        if self._on_loop(raw):
             return encode_json(await dispatch(SUBJECT, raw, self.step, CtxTruncateStepRequest))
         try:
-            if payload is None:
-                payload = await self._on_thread(app.decode, raw)
+            if len(raw) <= self.loop_max_bytes:  # small but many parts or claims: parsed here, checked on a thread
+                payload = await self._on_thread(app.check, wire.parse(raw))
             else:
-                payload = await self._on_thread(app.check, payload)
+                payload = await self._on_thread(app.decode, raw)
             return await app.run_step(payload, self.store, offload=self._on_thread, limits=self.limits,
                                       claim_slots=self.claim_slots, encoded=True)
         except ServiceError as exc:
