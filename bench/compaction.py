@@ -43,21 +43,15 @@ from typing import Any
 
 from ctxbuild_codec import compaction_budget, inflight_threshold, trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages, count_text
+from ctxbuild_compaction.app import ExtractiveSummarizer, LlmSummarizer, MaskingSummarizer, fold_with_fallback
 from ctxbuild_compaction.domain import Checkpoint, InLoopSettings, finish_in_loop, orphans, plan_in_loop
-from ctxbuild_compaction.summarizers import (
-    ExtractiveSummarizer,
-    LlmSummarizer,
-    MaskingSummarizer,
-    fold_with_fallback,
-)
+from ctxbuild_orchestration.app.runner import SYSTEM_PROMPT, fixed_tokens
 from ctxbuild_orchestration.demo import PAGE, PAGES, generate_log
 from ctxbuild_orchestration.domain.tools import FS_READ, READ_FILE
-from ctxbuild_orchestration.app.runner import SYSTEM_PROMPT, fixed_tokens
 from ctxbuild_providers import ModelResponse
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
-TRAJECTORY = SHARED / "trajectories" / "03_miniswe_deepseek-chat_sqlfluff-1733.traj.json"
+TRAJECTORY = ROOT.parent / "shared" / "data" / "trajectories" / "03_miniswe_deepseek-chat_sqlfluff-1733.traj.json"
 
 
 class StandInModel:

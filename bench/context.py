@@ -21,11 +21,11 @@ Strategies:
   run, window and summarizer (settings ``contextWindow``, ``summarizer``), each turn replayed through the edge
   (replay provider, recorded decisions and FULL outputs). Requests are the real served ones
   (GET …/steps/{n}/request), converted with the product's OpenAI adapter (``to_wire_messages``); replayed call
-  ids are mapped back to the recorded ones (``call_<turn>_<step>_<i>`` where a run has none). The llm summarizer talks to a deterministic local stand-in
-  speaking OpenAI's wire format (its ``<summary>`` is ~10% of its input, 200..800 tokens, made of lines of the
-  input); its input and output tokens (cl100k, same counter) go into cache_adjusted_cost at 1.25. Links: every
-  ``context://vfs/…`` URI in the last request, read back through ``ctx.blob.fs_read`` over NATS (paged,
-  conversation scope); a link counts only if it reads back.
+  ids are mapped back to the recorded ones (``call_<turn>_<step>_<i>`` where a run has none). The llm summarizer
+  talks to a deterministic local stand-in speaking OpenAI's wire format (its ``<summary>`` is ~10% of its input,
+  200..800 tokens, made of lines of the input); its input and output tokens (cl100k, same counter) go into
+  cache_adjusted_cost at 1.25. Links: every ``context://vfs/…`` URI in the last request, read back through
+  ``ctx.blob.fs_read`` over NATS (paged, conversation scope); a link counts only if it reads back.
 - peers through their own library code: raw; lc_trim (``trim_messages``); lc_clear_default and lc_clear_0.8W
   (``ContextEditingMiddleware.wrap_model_call``); deepagents_evict and deepagents_evict_2500
   (``FilesystemMiddleware(backend=FilesystemBackend(virtual_mode=True)).wrap_tool_call`` on each new tool result;
@@ -115,7 +115,8 @@ NOTES = [
     ("A link found inside a read-back text is followed too (one more fs_read for the model), up to "
     f"{MAX_LINK_READS} reads per cell."),
     ("Every strategy is given the system message ctxbuild served at its first step; recorded system prompts are "
-    "not replayed (ctxbuild cannot be given them). Call ids are the recorded ones (call_<turn>_<step>_<i> where a run has none) for every strategy."),
+    "not replayed (ctxbuild cannot be given them). Call ids are the recorded ones (call_<turn>_<step>_<i> where a "
+    "run has none) for every strategy."),
     ("32-char windows are compared verbatim: an output shown in another JSON layout (e.g. with ', ' separators) "
     "only counts where its windows still match."),
 ]
@@ -424,7 +425,7 @@ class Peers:
                         names[c["id"]] = c["function"]["name"]
                     state.append(msg)
             last = reqs[-1] if reqs else []
-            stored = [p for p in (f"/{q.relative_to(root).as_posix()}" for q in Path(root).rglob("*") if q.is_file())]
+            stored = [f"/{q.relative_to(root).as_posix()}" for q in Path(root).rglob("*") if q.is_file()]
             texts = request_texts(last)
             links = [p for p in stored if any(p in t for t in texts)]
             readback: list[str] = []
@@ -879,8 +880,8 @@ def main() -> str | None:
                   for p in PEERS}
     default = summary.get(default_summarizer, {})
     out = {**head, "default_summarizer": default_summarizer,
-           "default": {k: default.get(k) for k in GATED} | {f"{k}_cells": default.get(f"{k}_cells")
-                                                              for k in ("cost_ratio_vs_best_peer", "cost_ratio_vs_raw")},
+           "default": {k: default.get(k) for k in GATED} | {
+               f"{k}_cells": default.get(f"{k}_cells") for k in ("cost_ratio_vs_best_peer", "cost_ratio_vs_raw")},
            "per_summarizer_worst": summary, "peers_worst": peer_worst,
            "best_summarizer_by_cost": None,
            "runs": results, "skipped": skipped, "errors": errors}
@@ -902,7 +903,8 @@ def main() -> str | None:
         # vacuous (null) when no run exceeds the window or no peer qualifies on any run that does; cheaper than the
         # best peer at all is reported beside the issue's 0.5 (services/compaction/README.md: not reachable under
         # SPEC §2.2's trigger, measured)
-        "cost_ratio_vs_best_peer <= 0.5": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] <= 0.5,
+        "cost_ratio_vs_best_peer <= 0.5":
+            d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] <= 0.5,
         "cost_ratio_vs_best_peer < 1": d.get("cost_ratio_vs_best_peer") is None or d["cost_ratio_vs_best_peer"] < 1,
         "cost_ratio_vs_raw <= 1": d.get("cost_ratio_vs_raw") is None or d["cost_ratio_vs_raw"] <= 1,
         "every ctxbuild cell measured": not errors,
@@ -945,7 +947,8 @@ def main() -> str | None:
                                    "seconds": out["seconds"]}))
     missed = [k for k, ok in out["targets"].items() if not ok]
     if missed:
-        return f"bench-context: the default summarizer ({default_summarizer}) misses {'; '.join(missed)} — see {args.out}"
+        return (f"bench-context: the default summarizer ({default_summarizer}) misses {'; '.join(missed)} — "
+                f"see {args.out}")
     return None
 
 

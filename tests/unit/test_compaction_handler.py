@@ -8,12 +8,15 @@ import copy
 
 import pytest
 from ctxbuild_codec import trim_persist, vfs_uri
-from ctxbuild_compaction.app import Choice, Summarizers, in_loop, turn_start
+from ctxbuild_compaction.app import Compaction, Summarizers, in_loop, turn_start
+from ctxbuild_compaction.app.summarizers import Choice
 from ctxbuild_compaction.domain import FoldOutcome, stored_text, summary_row
 from ctxbuild_compaction.domain.summary_row import with_opening
+from ctxbuild_compaction.handlers import Handlers
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
 
+from tests.support.compaction import typed, untimed
 from tests.unit.test_compaction_domain import REPORT, SHA_B, history, long_history
 
 
@@ -87,6 +90,13 @@ async def test_compacted_reply_is_contract_valid_and_vectors_hold():
     assert (d["trigger"], d["keepBudget"]) == (3_200, 1_200)
     assert d["summarizer"] == "extractive" and d["summarizerCalls"] == 0 and d["stored"] is True
     assert d["startedAt"] <= d["completedAt"] and d["durationMs"] >= 0
+
+
+async def test_the_typed_handler_answers_what_the_use_case_answers():
+    direct = await turn_start(request(contextWindow=4_000), FakeHistory(history(long_history(), [REPORT])))
+    handler = Handlers(Compaction(FakeHistory(history(long_history(), [REPORT])))).compact_turn_start
+    served = await typed("ctx.compact.turn_start", handler, request(contextWindow=4_000))
+    assert served["decision"]["status"] == "compacted" and untimed(served) == untimed(direct)
 
 
 async def test_summary_is_stored_once_and_served_many():

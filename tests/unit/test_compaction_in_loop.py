@@ -11,7 +11,7 @@ from ctxbuild_blobclient import content_ref
 from ctxbuild_codec import compaction_budget, trim_inflight, vfs_uri
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_compaction.adapters.blobstore import BlobStore
-from ctxbuild_compaction.app import Summarizers, in_loop
+from ctxbuild_compaction.app import Compaction, Summarizers, in_loop
 from ctxbuild_compaction.domain import (
     Checkpoint,
     FoldOutcome,
@@ -25,10 +25,11 @@ from ctxbuild_compaction.domain import (
     summary_of_row,
     summary_row,
 )
+from ctxbuild_compaction.handlers import Handlers
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 
-from tests.support.compaction import MemoryBlobs, NoHistory
+from tests.support.compaction import MemoryBlobs, NoHistory, in_loop_turn, typed, untimed
 
 W = 16_000
 TRIGGER = compaction_budget(W).trigger
@@ -241,29 +242,25 @@ def test_fixed_tokens_count_toward_the_trigger():
 
 # ---------- the handler: a long masking run with the checkpoint by reference (SPEC §15.1) ----------
 
-async def masking_run(steps, store):
-    """The runner's side of the loop: it passes the previous reply's checkpoint and only the messages the
-    checkpoint has not consumed; returns each step's (reply, request)."""
+async def masking_run(steps, store, *, through_handler=False):
+    """A masking turn through the in-loop use case (or its typed handler, as ``@rpc`` serves it); each step's
+    (reply, request)."""
     summarizers = Summarizers("masking", put=store.put)
+    handler = Handlers(Compaction(NoHistory(), summarizers, store)).compact_in_loop
     messages = [text_row("u1", "user", "Read service.log page by page and tell me what is unusual.")]
-    ck, out = None, []
-    for step in range(1, steps + 1):
-        offset = ck["consumedCount"] if ck else 0
-        req = {"conversationId": "conv-1", "turnId": "turn-1", "step": step, "offset": offset,
-               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
-               "settings": {"contextWindow": W}}
-        contracts.validate("subjects/ctx.compact.in_loop.request.json", req)
-        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
-        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
-        out.append((reply, req))
-        ck = reply["checkpoint"]
+
+    async def step_rows(step, reply):
         call = call_row(f"a{step}", f"c{step}")
         call["usage"] = {"inputTokens": FIXED + count_messages(reply["messages"]), "outputTokens": 20}
         part = trim_inflight({"type": "tool-result", "toolCallId": f"c{step}", "toolName": "read_file",
                               "output": {"type": "text", "value": f"page {step}\n" + PAGE}},
                              4_800, lambda blob: vfs_uri(blob.sha256))
-        messages += [call, {"id": f"t{step}", "role": "tool", "turnId": "t", "parts": [part]}]
-    return out
+        return [call, {"id": f"t{step}", "role": "tool", "turnId": "t", "parts": [part]}]
+
+    return await in_loop_turn(steps, messages, step_rows, window=W, fixed=FIXED, conversation_id="conv-1",
+                              turn_id="turn-1",
+                              serve=(lambda req: typed("ctx.compact.in_loop", handler, req)) if through_handler
+                              else (lambda req: in_loop(req, NoHistory(), summarizers, checkpoints=store)))
 
 
 async def test_a_long_masking_run_keeps_its_checkpoint_by_reference():
@@ -294,6 +291,23 @@ async def test_a_long_masking_run_keeps_its_checkpoint_by_reference():
             assert json.dumps(cur["messages"][:n]) == json.dumps(prev["messages"])
     # this replica stored every prefix it serves: no read-back while it runs the turn
     assert blobs.gets == 0
+
+
+async def test_the_typed_handler_answers_what_the_use_case_answers():
+    """Through the generated models (request parsed, reply dumped) a long masking run gets the same replies as from
+    the use case itself; a checkpoint by reference names the same prefix (its JSON keys in the models' order)."""
+    runs = []
+    for through_handler in (False, True):
+        blobs = MemoryBlobs()
+        run = await masking_run(60, BlobStore(blobs, 5.0), through_handler=through_handler)
+        for reply, _ in run:
+            prefix = reply["checkpoint"]["compactedPrefix"]
+            if content_ref.is_ref(prefix):
+                reply["checkpoint"]["compactedPrefix"] = await content_ref.resolve(blobs, prefix, "conv-1")
+                reply["checkpoint"]["size"] = prefix["contentRef"]["size"]
+        runs.append([untimed(r) for r, _ in run])
+    assert any("size" in r["checkpoint"] for r in runs[1])
+    assert runs[1] == runs[0]
 
 
 async def test_another_replica_resolves_the_referenced_checkpoint_once():

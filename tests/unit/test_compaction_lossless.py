@@ -28,7 +28,7 @@ from ctxbuild_compaction.domain.summary_row import TRANSCRIPT_LINE, transcripts_
 from ctxbuild_compaction.domain.transcript import render_transcript
 from ctxbuild_platform import contracts
 
-from tests.support.compaction import MemoryBlobs, NoHistory
+from tests.support.compaction import MemoryBlobs, NoHistory, in_loop_turn
 
 W = 16_000
 FIXED = 350
@@ -38,6 +38,10 @@ TASK = {"id": "u1", "role": "user", "parts": [
      "sha256": "ab" * 32}]}
 PAGE = "".join(f"2026-11-29T10:00:{i % 60:02d}.000Z INFO api-{i % 8} GET /v1/items/{i} 200 latency_ms={i % 97}.5\n"
                for i in range(110))  # ≈ 8,000 chars
+
+
+def serve(summarizers, store):
+    return lambda req: in_loop(req, NoHistory(), summarizers, checkpoints=store)
 
 
 def page(step: int) -> str:
@@ -187,19 +191,13 @@ async def test_every_folded_output_is_in_a_transcript_the_last_request_names():
     blobs = MemoryBlobs()
     store = BlobStore(blobs, 5.0)
     summarizers = Summarizers("extractive", put=store.put)
-    messages = [TASK]
-    ck, replies = None, []
-    for step in range(1, 46):
-        offset = ck["consumedCount"] if ck else 0
-        req = {"conversationId": "conv", "turnId": "t", "step": step, "offset": offset,
-               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
-               "settings": {"contextWindow": W}}
-        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
-        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
-        replies.append(reply)
-        ck = reply["checkpoint"]
-        messages += [call(step), result(step, trim=True)]
+
+    async def step_rows(step, _reply):
         await blobs.put(page(step), "conv", ("turn", "t"), "provisional")  # what truncation stored
+        return [call(step), result(step, trim=True)]
+
+    replies = [r for r, _ in await in_loop_turn(45, [TASK], step_rows, serve=serve(summarizers, store),
+                                                window=W, fixed=FIXED)]
     folds = [r for r in replies if r["checkpointChanged"]]
     assert len(folds) >= 3 and all(r["decision"].get("transcript") for r in folds)
     assert all(task_in(r["messages"]) for r in replies)
@@ -240,19 +238,13 @@ async def test_masking_on_a_long_run_collapses_its_prefix_and_stays_in_the_windo
     blobs = MemoryBlobs()
     store = BlobStore(blobs, 5.0)
     summarizers = Summarizers("masking", put=store.put)
-    messages = [TASK]
-    ck, replies = None, []
     thought = "I will read the next page of the export log and compare it with what I found before. " * 6
-    for step in range(1, 81):
-        offset = ck["consumedCount"] if ck else 0
-        req = {"conversationId": "conv", "turnId": "t", "step": step, "offset": offset,
-               "messages": messages[offset:], "checkpoint": ck, "fixedTokens": FIXED,
-               "settings": {"contextWindow": W}}
-        reply = await in_loop(json.loads(json.dumps(req)), NoHistory(), summarizers, checkpoints=store)
-        contracts.validate("subjects/ctx.compact.in_loop.reply.json", reply)
-        replies.append(reply)
-        ck = reply["checkpoint"]
-        messages += [call(step, thought), result(step, trim=False)]
+
+    async def step_rows(step, _reply):
+        return [call(step, thought), result(step, trim=False)]
+
+    replies = [r for r, _ in await in_loop_turn(80, [TASK], step_rows, serve=serve(summarizers, store),
+                                                window=W, fixed=FIXED)]
     # what masking archived outlives the turn's provisional blobs (a served link stays readable)
     masked = {hashlib.sha256(page(k).encode()).hexdigest() for k in range(1, 81)} & set(blobs.objects)
     assert masked and all((sha, ("turn", "t"), "tool_output") in blobs.refs for sha in masked)

@@ -14,12 +14,7 @@ from ctxbuild_codec import (
     vfs_uri,
 )
 from ctxbuild_codec.envelopes import render
-from ctxbuild_compaction.app import (
-    ExtractiveSummarizer,
-    LlmSummarizer,
-    MaskingSummarizer,
-    fold_with_fallback,
-)
+from ctxbuild_compaction.app import ExtractiveSummarizer, LlmSummarizer, MaskingSummarizer, fold_with_fallback
 from ctxbuild_compaction.domain import (
     Checkpoint,
     FoldRequest,
