@@ -11,9 +11,10 @@ from ctxbuild_blobclient import BlobClient
 from ctxbuild_blobstore.adapters.migrate import apply_migrations
 from ctxbuild_blobstore.adapters.postgres import Postgres
 from ctxbuild_blobstore.adapters.s3 import ObjectStore
-from ctxbuild_blobstore.collector import Collector
+from ctxbuild_blobstore.app import BlobStore, Collector, Config
 from ctxbuild_blobstore.domain.keys import object_key, temp_key
-from ctxbuild_blobstore.usecases import BlobStore, Config
+from ctxbuild_codec.models.subjects.ctx_blob_fs_read_request import CtxBlobFsReadRequest
+from ctxbuild_codec.models.subjects.ctx_blob_put_request import CtxBlobPutRequest
 from minio import Minio
 
 pytestmark = pytest.mark.integration
@@ -120,8 +121,8 @@ async def test_gc_never_deletes_what_a_concurrent_put_is_re_referencing(parts, p
     text = f"contended {uid()}\n" * 20
     sha = hashlib.sha256(text.encode()).hexdigest()
     owner = uid()
-    await store.put({"content": text, "conversationId": conv, "owner": {"kind": "turn", "id": owner},
-                     "role": "provisional"})
+    await store.put(CtxBlobPutRequest.model_validate({"content": text, "conversationId": conv,
+                                                      "owner": {"kind": "turn", "id": owner}, "role": "provisional"}))
     await db.release("turn", owner)
     await age(pg, sha, 10)
     # a put holds the blob's shared lock from its existence check to its metadata commit: GC skips the blob
@@ -144,10 +145,12 @@ async def test_gc_never_deletes_what_a_concurrent_put_is_re_referencing(parts, p
     async def churn() -> None:
         for _ in range(6):
             o = uid()
-            await store.put({"content": churned, "conversationId": conv, "owner": {"kind": "turn", "id": o},
-                             "role": "provisional"})
-            page = await store.fs_read({"conversationId": conv, "uri": f"context://vfs/vfs_{csha[:16]}.txt"})
-            reads.append(page["kind"] == "text")
+            await store.put(CtxBlobPutRequest.model_validate({"content": churned, "conversationId": conv,
+                                                              "owner": {"kind": "turn", "id": o},
+                                                              "role": "provisional"}))
+            page = await store.fs_read(CtxBlobFsReadRequest(conversationId=conv,
+                                                            uri=f"context://vfs/vfs_{csha[:16]}.txt"))
+            reads.append(page.root.kind == "text")
             await db.release("turn", o)
             async with pg_lock:
                 await age(pg, csha, 10)
@@ -180,7 +183,7 @@ async def test_abandoned_uploads_and_staging_objects_are_cleaned(parts, minio, s
     await asyncio.sleep(GRACE + 0.2)
     report = await gc.run_once()
     assert report.uploads >= 1 and report.staging >= 1
-    assert not [u for u in minio._list_multipart_uploads(bucket, prefix=key).uploads]
+    assert not list(minio._list_multipart_uploads(bucket, prefix=key).uploads)
     assert not has_object(minio, stack, staging)
 
 

@@ -1,25 +1,17 @@
 """ctx.blob.get_result on the real stack: persisted envelopes (v1 text, v2 entities) inflated back to the original
 tool output from the blob store; a gone blob degrades to its excerpt; another conversation is refused."""
 
-import uuid
-
 import pytest
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_codec.lanes import apply_persist, plan_persist
 from ctxbuild_codec.trim import degraded_excerpt
 from ctxbuild_platform.errors import RemoteError
 
+from tests.integration import test_blobstore_security as blobstore_tests
+from tests.integration.test_blobstore_security import uid
+
 pytestmark = pytest.mark.integration
-
-
-def uid() -> str:
-    return uuid.uuid4().hex
-
-
-@pytest.fixture(scope="module")
-def client(start_service, rpc) -> BlobClient:
-    start_service("blobstore")
-    return BlobClient(rpc)
+client = blobstore_tests.client  # the module's blob client (a started blob store)
 
 
 async def persist(client: BlobClient, conv: str, part: dict, store: bool = True) -> tuple[dict, dict]:
@@ -64,7 +56,8 @@ async def test_v2_entities_envelope_keeps_citations_and_inflates(client):
 async def test_a_gone_blob_degrades_to_its_excerpt(client):
     conv = uid()
     text = "".join(f"gone {i}\n" for i in range(2000))
-    part = {"type": "tool-result", "toolCallId": "c3", "toolName": "mcp__x__y", "output": {"type": "text", "value": text}}
+    part = {"type": "tool-result", "toolCallId": "c3", "toolName": "mcp__x__y",
+            "output": {"type": "text", "value": text}}
     envelope, blobs = await persist(client, conv, part, store=False)  # its blob was never stored (or collected)
     r = await client.get_result(conv, envelope)
     cut = next(iter(blobs.values()))
@@ -90,7 +83,8 @@ async def test_another_conversation_gets_nothing(client):
 async def test_a_result_too_large_for_one_reply_is_inflated_by_the_client(client, rpc):
     conv = uid()
     text = "".join(f"{i:07d} {'big' * 30}\n" for i in range(12_000))  # ~1.2 MB
-    part = {"type": "tool-result", "toolCallId": "c5", "toolName": "mcp__x__y", "output": {"type": "text", "value": text}}
+    part = {"type": "tool-result", "toolCallId": "c5", "toolName": "mcp__x__y",
+            "output": {"type": "text", "value": text}}
     envelope, _ = await persist(client, conv, part)
     with pytest.raises(RemoteError) as err:
         await rpc.call("ctx.blob.get_result", {"conversationId": conv, "envelope": envelope})

@@ -16,8 +16,11 @@ import pytest
 from ctxbuild_blobstore.adapters.migrate import apply_migrations
 from ctxbuild_blobstore.adapters.postgres import Postgres
 from ctxbuild_blobstore.adapters.s3 import CONTENT_TYPE, ObjectStore
+from ctxbuild_blobstore.app import BlobStore, Config
 from ctxbuild_blobstore.domain.keys import object_key
-from ctxbuild_blobstore.usecases import BlobStore, Config
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.subjects.ctx_blob_fs_read_request import CtxBlobFsReadRequest
+from ctxbuild_codec.models.subjects.ctx_blob_put_request import CtxBlobPutRequest
 from ctxbuild_codec.trim import vfs_uri
 from ctxbuild_platform.errors import DependencyUnavailable
 from ctxbuild_platform.telemetry import TracingMiddleware
@@ -40,13 +43,12 @@ class GatedObjectStore(ObjectStore):
         self.gate = asyncio.Event()
         self.fail = False
 
-    async def put(self, key: str, data: bytes, content_type: str = CONTENT_TYPE, *,
-                  sha256: str | None = None) -> None:
+    async def put(self, key: str, data: bytes, content_type: str = CONTENT_TYPE) -> None:
         self.entered.set()
         await self.gate.wait()
         if self.fail:
             raise DependencyUnavailable("s3: put_object failed: injected by the test")
-        await super().put(key, data, content_type, sha256=sha256)
+        await super().put(key, data, content_type)
 
 
 @pytest.fixture
@@ -76,9 +78,14 @@ async def wait_for_staged_insert(pg) -> None:
     raise AssertionError("the writer's INSERT never ran while its object write was held")
 
 
-def put_request(text: str, conv: str) -> dict:
-    return {"content": text, "conversationId": conv, "owner": {"kind": "message", "id": uid()},
-            "role": "tool_output"}
+def put_request(text: str, conv: str) -> CtxBlobPutRequest:
+    return CtxBlobPutRequest.model_validate({"content": text, "conversationId": conv,
+                                             "owner": {"kind": "message", "id": uid()}, "role": "tool_output"})
+
+
+async def fs_read(store: BlobStore, **req) -> dict:
+    """``ctx.blob.fs_read``'s use case, its reply as on the wire."""
+    return dump(await store.fs_read(CtxBlobFsReadRequest(**req)))
 
 
 async def test_metadata_staged_during_the_object_write_is_invisible_until_the_object_exists(gated, pg, minio,
@@ -93,16 +100,16 @@ async def test_metadata_staged_during_the_object_write_is_invisible_until_the_ob
     # the row exists only inside the writer's transaction: no reader can see it, through SQL or the service
     assert await pg.fetchval("SELECT count(*) FROM blobstore.blobs WHERE sha256 = $1", sha) == 0
     assert await pg.fetchval("SELECT count(*) FROM blobstore.refs WHERE sha256 = $1", sha) == 0
-    page = await store.fs_read({"conversationId": conv, "uri": vfs_uri(sha)})
+    page = await fs_read(store, conversationId=conv, uri=vfs_uri(sha))
     assert page["kind"] == "error" and page["code"] == "not-found"
     assert not list(minio.list_objects(stack.env["CTX_S3_BUCKET"], prefix=object_key(sha)))
 
     s3.gate.set()
     reply = await asyncio.wait_for(writing, 20)
-    assert reply["created"] and reply["sha256"] == sha
+    assert reply.created and reply.sha256 == sha
     assert list(minio.list_objects(stack.env["CTX_S3_BUCKET"], prefix=object_key(sha)))
     assert await pg.fetchval("SELECT count(*) FROM blobstore.blobs WHERE sha256 = $1", sha) == 1
-    page = await store.fs_read({"conversationId": conv, "uri": vfs_uri(sha), "limit": 1})
+    page = await fs_read(store, conversationId=conv, uri=vfs_uri(sha), limit=1)
     assert page["kind"] == "text" and page["text"].endswith(text.splitlines()[0])
 
 
@@ -124,7 +131,7 @@ async def test_a_failed_object_write_rolls_back_the_metadata_staged_beside_it(ga
     # the lock went with the transaction: the same content stores normally afterwards
     s3.fail = False
     again = await store.put(put_request(text, conv))
-    assert again["created"] and await pg.fetchval("SELECT count(*) FROM blobstore.blobs WHERE sha256 = $1",
+    assert again.created and await pg.fetchval("SELECT count(*) FROM blobstore.blobs WHERE sha256 = $1",
                                                   sha) == 1
 
 

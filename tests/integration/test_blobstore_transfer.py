@@ -88,8 +88,8 @@ async def test_iterator_upload_without_declared_hash_goes_through_staging(client
     assert await client.get_text(conv, sha256=r["sha256"]) == expected
     # the staging object is gone, nothing is left half-uploaded
     bucket = stack.env["CTX_S3_BUCKET"]
-    assert not [k for k in objects(minio, bucket, "uploads/")]
-    assert not [u for u in minio._list_multipart_uploads(bucket, prefix="blobs/" + r["sha256"]).uploads]
+    assert not list(objects(minio, bucket, "uploads/"))
+    assert not list(minio._list_multipart_uploads(bucket, prefix="blobs/" + r["sha256"]).uploads)
 
 
 async def test_twenty_concurrent_puts_of_one_content_make_one_object(client, minio, stack, pg):

@@ -91,16 +91,22 @@ def test_another_conversations_blob_reads_like_a_missing_one(cross, victim, atta
 
 
 # ---------------------------------------------------------------- revoked reads inside one conversation
+def archived_attachment_read(edge: Edge, name: str, marker: str) -> tuple[str, dict[str, Any], Turn, str]:
+    """A new conversation whose first turn reads its big attachment ``name`` (holding ``marker``) whole, so the
+    read's output is archived: (conversation id, the attachment, that turn, the archived output's URI)."""
+    cid = edge.conversation(contextWindow=16000)
+    att = edge.attach(cid, name, secret_lines(marker))
+    first = edge.turn(cid, [{"toolCalls": [{"toolName": "read_file", "input": {"filename": att["handle"],
+                                                                                 "limit": 60000}}]}, {"text": "ok"}])
+    return cid, att, first, offloaded_uri(first)
+
+
 @pytest.fixture(scope="module")
 def cleared(edge, rpc) -> dict[str, Any]:
     """Conversation C reads its own big attachment (archived), can read the archive back in a second turn, then a
     clear-context marker is added: the third turn may read neither the archive nor the attachment."""
     marker = "CLEARED-" + uid()
-    cid = edge.conversation(contextWindow=16000)
-    att = edge.attach(cid, "old.txt", secret_lines(marker))
-    first = edge.turn(cid, [{"toolCalls": [{"toolName": "read_file", "input": {"filename": att["handle"],
-                                                                                 "limit": 60000}}]}, {"text": "ok"}])
-    uri = offloaded_uri(first)
+    cid, att, _, uri = archived_attachment_read(edge, "old.txt", marker)
     before = edge.turn(cid, [{"toolCalls": [{"toolName": "fs_read", "input": {"uri": uri, "limit": 2}}]},
                              {"text": "ok"}])
     assert marker in before.outputs()[0]["output"]["value"]  # in scope: readable (the control)
@@ -169,11 +175,7 @@ def branches(edge) -> dict[str, Any]:
     """Conversation E: the first answer archives a read; a regenerated answer (a sibling branch over the same
     user message) asks for that archive; a follow-up on the regenerated branch asks again."""
     marker = "BRANCH-" + uid()
-    cid = edge.conversation(contextWindow=16000)
-    att = edge.attach(cid, "shared.txt", secret_lines(marker))
-    first = edge.turn(cid, [{"toolCalls": [{"toolName": "read_file", "input": {"filename": att["handle"],
-                                                                                 "limit": 60000}}]}, {"text": "ok"}])
-    uri = offloaded_uri(first)
+    cid, _, first, uri = archived_attachment_read(edge, "shared.txt", marker)
     sibling = edge.regenerate(cid, first.id, [{"toolCalls": [{"toolName": "fs_read", "input": {"uri": uri}}]},
                                               {"text": "other branch"}])
     later = edge.turn(cid, [{"toolCalls": [{"toolName": "fs_read", "input": {"uri": uri, "limit": 3}}]},
@@ -292,7 +294,7 @@ def test_the_http_edge_reads_back_nothing_of_another_conversation(edge, victim, 
     """The results endpoint of B with A's message and call ids finds nothing (the read-back is B's own history)."""
     msg = next(m for m in edge.messages(victim["cid"]) if m["role"] == "tool")
     call = next(p["toolCallId"] for p in msg["parts"] if p["type"] == "tool-result")
-    r = httpx.get(f"{edge.base}/v1/conversations/{cross['turn'].conversation}/messages/{msg['id']}/results/{call}", headers=AUTH,
-                  timeout=30)
+    r = httpx.get(f"{edge.base}/v1/conversations/{cross['turn'].conversation}/messages/{msg['id']}/results/{call}",
+                  headers=AUTH, timeout=30)
     assert r.status_code == 404, r.text
     assert victim["marker"] not in r.text

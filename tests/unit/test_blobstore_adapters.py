@@ -1,10 +1,11 @@
 """Blob store adapters against dead endpoints (a closed loopback port, no mocks): a store that is down must
-become a retryable `unavailable` error within seconds, never a hang or an untyped crash."""
+become a retryable `unavailable` error from the refused connection itself (not from waiting out a deadline),
+never a hang or an untyped crash."""
 
 import socket
-import time
 
 import pytest
+import urllib3
 from ctxbuild_blobstore.adapters.migrate import yoyo_url
 from ctxbuild_blobstore.adapters.postgres import Postgres
 from ctxbuild_blobstore.adapters.s3 import ObjectStore, object_key
@@ -19,23 +20,24 @@ def closed_port() -> int:
 
 async def test_dead_s3_is_unavailable_quickly():
     store = ObjectStore(f"http://127.0.0.1:{closed_port()}", "k", "s", "bucket", timeout=1.0)
-    t0 = time.monotonic()
     with pytest.raises(DependencyUnavailable) as err:
         await store.ensure_object("a" * 64, b"hello")
     assert err.value.retryable and err.value.code == "unavailable"
-    assert err.value.message.startswith("s3: ")
-    assert time.monotonic() - t0 < 5
+    assert err.value.message.startswith("s3: stat_object failed: ")  # not "timed out": no deadline was waited out
+    cause = err.value.__cause__
+    assert isinstance(cause, urllib3.exceptions.MaxRetryError)
+    assert isinstance(cause.reason, urllib3.exceptions.NewConnectionError)  # the refusal, after the few retries
 
 
 async def test_dead_postgres_is_unavailable_quickly():
     db = Postgres(f"postgresql://postgres@127.0.0.1:{closed_port()}/x", timeout=1.0)
-    t0 = time.monotonic()
     with pytest.raises(DependencyUnavailable) as err:
         await db.connect()
-    assert err.value.retryable and err.value.message.startswith("postgres: ")
-    with pytest.raises(DependencyUnavailable):  # never connected: still typed
+    assert err.value.retryable and err.value.message.startswith("postgres: cannot connect: ")
+    assert isinstance(err.value.__cause__, ConnectionRefusedError)  # the refusal itself, not a timeout
+    with pytest.raises(DependencyUnavailable) as err:  # never connected: still typed, without trying again
         await db.candidates("0" * 16, "c")
-    assert time.monotonic() - t0 < 5
+    assert err.value.retryable and err.value.message == "postgres: not connected"
 
 
 def test_yoyo_url_uses_psycopg3_and_the_service_schema():
@@ -47,3 +49,23 @@ def test_yoyo_url_uses_psycopg3_and_the_service_schema():
 
 def test_object_key():
     assert object_key("ab" * 32) == "blobs/" + "ab" * 32
+
+
+def test_the_minio_multipart_calls_the_s3_adapter_relies_on_are_unchanged():
+    """minio has no public multipart API that lets the caller verify the content hash before completing, so
+    ``adapters/s3.py`` (and only it) calls these private methods: pinned here, so an upgrade of minio that renames
+    or reshapes one fails this test instead of a production upload."""
+    import inspect
+
+    from minio import Minio
+
+    expected = {
+        "_create_multipart_upload": ["bucket_name", "object_name", "headers"],
+        "_upload_part": ["bucket_name", "object_name", "data", "headers", "upload_id", "part_number"],
+        "_complete_multipart_upload": ["bucket_name", "object_name", "upload_id", "parts", "ssec"],
+        "_abort_multipart_upload": ["bucket_name", "object_name", "upload_id"],
+        "_list_multipart_uploads": ["bucket_name", "delimiter", "encoding_type", "key_marker", "max_uploads",
+                                    "prefix", "upload_id_marker", "extra_headers", "extra_query_params"],
+    }
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(Minio, name)).parameters)[1:] == params, name

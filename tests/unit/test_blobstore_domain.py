@@ -12,8 +12,8 @@ from ctxbuild_blobstore.domain import (
     unique_handle,
 )
 from ctxbuild_blobstore.domain.binary import decode_text
+from ctxbuild_blobstore.domain.cache import ByteCache
 from ctxbuild_blobstore.domain.fsread import Candidate, Resolved, suggested_limit
-from ctxbuild_blobstore.usecases import ByteCache
 from ctxbuild_platform import contracts
 
 

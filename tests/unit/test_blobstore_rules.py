@@ -48,7 +48,8 @@ def test_upload_request_is_either_a_reference_or_an_attachment():
     contracts.validate("subjects/ctx.blob.upload.request.json", {**base, "attachment": {"displayName": "a.txt"}})
     for bad in ({**base},
                 {**base, "owner": {"kind": "turn", "id": "t"}},
-                {**base, "attachment": {"displayName": "a"}, "owner": {"kind": "turn", "id": "t"}, "role": "attachment"},
+                {**base, "attachment": {"displayName": "a"}, "owner": {"kind": "turn", "id": "t"},
+                 "role": "attachment"},
                 {**base, "attachment": {"displayName": "a"}, "sha256": "nothex"}):
         with pytest.raises(InvalidPayload):
             contracts.validate("subjects/ctx.blob.upload.request.json", bad)

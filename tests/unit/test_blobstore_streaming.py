@@ -14,7 +14,7 @@ from ctxbuild_blobstore.domain import (
     read_file_page,
     split_lines,
 )
-from ctxbuild_blobstore.domain.fsread import fs_read_error, render_lines, suggested_limit
+from ctxbuild_blobstore.domain.fsread import fs_read_error, nothing_to_read, render_lines, suggested_limit
 from ctxbuild_platform import contracts
 
 
@@ -23,12 +23,8 @@ def reference_fs_read(text: str, offset: int, limit: int, cap: int, column: int 
     plus the cut of a first line longer than one page (shown from ``column``, continued by ``nextColumn``)."""
     lines = split_lines(text)
     total = len(lines)
-    if total == 0 and offset == 1:
-        return {"kind": "text", "text": "", "startLine": 1, "endLine": 0, "totalLines": 0,
-                "modelText": "[the file is empty: 0 lines]"}
-    if offset > total:
-        return fs_read_error("offset-out-of-range",
-                             f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
+    if (early := nothing_to_read(offset, total)) is not None:  # (its two answers are pinned literally elsewhere)
+        return early
     first = lines[offset - 1][column - 1:]
     room = max(1, cap - 200 - 7)
     if len(first) > room:
@@ -84,12 +80,17 @@ def test_line_pager_matches_the_reference_for_any_split():
         contracts.validate("subjects/ctx.blob.fs_read.reply.json", got)
 
 
-def test_line_pager_started_at_a_seek_mark_matches_the_reference():
-    rnd = random.Random(5)
-    for _ in range(1500):
+def indexed_texts(seed: int, n: int = 1500):
+    """``n`` random texts with their UTF-8 bytes and seek index (marks every 16 bytes), and the generator."""
+    rnd = random.Random(seed)
+    for _ in range(n):
         text = random_text(rnd, 300)
         data = text.encode()
-        ix = index_bytes(data, stride=16)
+        yield rnd, text, data, index_bytes(data, stride=16)
+
+
+def test_line_pager_started_at_a_seek_mark_matches_the_reference():
+    for rnd, text, data, ix in indexed_texts(5):
         total = count_lines(text)
         assert ix.lines == total
         offset, limit = rnd.randint(1, total + 1), rnd.randint(1, 6)
@@ -105,11 +106,7 @@ def test_line_pager_started_at_a_seek_mark_matches_the_reference():
 
 
 def test_char_pager_matches_whole_text_paging_from_any_char_mark():
-    rnd = random.Random(6)
-    for _ in range(1500):
-        text = random_text(rnd, 300)
-        data = text.encode()
-        ix = index_bytes(data, stride=16)
+    for rnd, text, data, ix in indexed_texts(6):
         assert ix.chars == len(text)
         offset, limit = rnd.randint(0, len(text) + 1), rnd.randint(1, 40)
         first, start = ix.char_marks.floor(offset)

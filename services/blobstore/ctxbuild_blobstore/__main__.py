@@ -11,11 +11,11 @@ from faststream.asgi import AsgiFastStream
 from .adapters.migrate import apply_migrations
 from .adapters.postgres import Postgres
 from .adapters.s3 import ObjectStore
-from .adapters.transfer import Transfer, tune_malloc, tune_nats_reads
-from .collector import Collector, gc_loop
+from .adapters.transfer import Transfer
+from .app import BlobStore, Collector, Config, gc_loop
+from .domain.cache import ByteCache
 from .handlers import register
 from .settings import Settings
-from .usecases import BlobStore, ByteCache, Config
 
 
 def config_from(settings: Settings) -> Config:
@@ -28,8 +28,6 @@ def config_from(settings: Settings) -> Config:
 
 
 def build(settings: Settings) -> AsgiFastStream:
-    tune_nats_reads()  # chunks are 512 KiB: read the socket in 1 MiB turns, not nats-py's default 32 KiB
-    tune_malloc()  # chunk-sized buffers from the heap, not a fresh (page-faulted) mmap each
     broker = make_broker(settings)
     db = Postgres(str(settings.database_url), min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                   timeout=settings.db_timeout_s)

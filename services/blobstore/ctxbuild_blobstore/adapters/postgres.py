@@ -1,7 +1,8 @@
 """Metadata and references in PostgreSQL (schema `blobstore`), via an asyncpg pool.
 
-Connection trouble and timeouts become DependencyUnavailable (retryable); a constraint we did not expect
-becomes a typed `storage-error`. Every statement names its schema, so search_path does not matter.
+Connection trouble and timeouts become DependencyUnavailable (retryable), a value the database cannot take
+invalid-payload (both classified by :mod:`ctxbuild_platform.postgres`); a constraint we did not expect becomes a
+typed `storage-error`. Every statement names its schema, so search_path does not matter.
 
 Writers and the garbage collector meet on one Postgres advisory lock per blob (key: the first 64 bits of its
 sha256). A writer holds it *shared* (transaction-scoped) from "does the blob exist?" until its metadata + reference
@@ -22,6 +23,7 @@ from typing import Any
 import asyncpg
 import structlog
 from ctxbuild_platform.errors import DependencyUnavailable, ServiceError
+from ctxbuild_platform.postgres import UNAVAILABLE, postgres_errors
 
 from ..domain.fsread import Candidate
 from ..domain.handles import unique_handle
@@ -30,11 +32,6 @@ from ..domain.textindex import Marks, TextIndex, origin_marks
 
 log = structlog.get_logger("blobstore.postgres")
 
-# errors that mean "the database is not reachable right now", as opposed to "this statement is wrong"
-_UNAVAILABLE = (OSError, asyncio.TimeoutError, TimeoutError, asyncpg.PostgresConnectionError,
-                asyncpg.InterfaceError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError,
-                asyncpg.SerializationError, asyncpg.DeadlockDetectedError, asyncpg.QueryCanceledError,
-                asyncpg.AdminShutdownError)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 GC_LEADER_KEY = 0x626C6F6267636C72  # "blobgclr": one collector at a time across replicas
 
@@ -237,7 +234,7 @@ class Postgres:
             self._pool = await asyncpg.create_pool(
                 self.dsn, min_size=self.min_size, max_size=self.max_size, timeout=self.timeout,
                 command_timeout=self.timeout, reset=_no_session_state)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise DependencyUnavailable(f"postgres: cannot connect: {exc}") from exc
 
     async def close(self) -> None:
@@ -257,12 +254,10 @@ class Postgres:
         if self._pool is None:
             raise DependencyUnavailable("postgres: not connected")
         try:
-            async with self._pool.acquire(timeout=self.timeout) as conn:
+            async with postgres_errors("postgres"), self._pool.acquire(timeout=self.timeout) as conn:
                 yield conn
         except ServiceError:
             raise
-        except _UNAVAILABLE as exc:
-            raise DependencyUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc
         except asyncpg.PostgresError as exc:
             log.exception("postgres-error")
             raise ServiceError(f"postgres: {type(exc).__name__}: {exc}", code="storage-error") from exc

@@ -11,11 +11,26 @@ Every refusal answers like a blob that does not exist (no oracle).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from ctxbuild_codec.trim import handle_prefix_from_uri
+
+
+class RetainedAttachment(Protocol):
+    sha256: str
+    handle: str
+
+
+class Retained(Protocol):
+    """A request's ``retained`` (the fs_read and read_file request models each generate one of this shape)."""
+
+    @property
+    def fileAttachments(self) -> Sequence[RetainedAttachment]: ...
+
+    @property
+    def persistedUris(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,17 +43,15 @@ class ReadScope:
     turn_id: str | None
 
     @classmethod
-    def of(cls, req: Mapping[str, Any]) -> ReadScope | None:
-        retained = req.get("retained")
+    def of(cls, retained: Retained | None, turn_id: str | None) -> ReadScope | None:
         if retained is None:
             return None
-        atts = [a for a in retained.get("fileAttachments") or [] if isinstance(a, Mapping)]
-        shas = frozenset(a["sha256"] for a in atts if isinstance(a.get("sha256"), str))
-        prefixes = {p for u in retained.get("persistedUris") or [] if isinstance(u, str)
-                    and (p := handle_prefix_from_uri(u)) is not None}
+        atts = retained.fileAttachments
+        shas = frozenset(a.sha256 for a in atts)
+        prefixes = {p for u in retained.persistedUris if (p := handle_prefix_from_uri(u)) is not None}
         prefixes |= {s[:16] for s in shas}
-        handles = tuple(dict.fromkeys(a["handle"] for a in atts if isinstance(a.get("handle"), str)))
-        return cls(frozenset(prefixes), shas, handles, req.get("turnId"))
+        handles = tuple(dict.fromkeys(a.handle for a in atts))
+        return cls(frozenset(prefixes), shas, handles, turn_id)
 
     def retains_prefix(self, prefix: str) -> bool:
         return prefix in self.prefixes

@@ -40,6 +40,19 @@ def fs_read_error(code: str, message: str) -> dict[str, Any]:
     return {"kind": "error", "code": code, "message": message, "modelText": f"[Error: {code}] {message}"}
 
 
+def nothing_to_read(offset: int, total: int, **extra: Any) -> dict[str, Any] | None:
+    """The answer when no line is to be shown: an empty blob read from line 1 is readable (as nothing), not an
+    out-of-range error (``extra``: fields of that empty page, e.g. a search's ``matches``); an offset past the
+    end is ``offset-out-of-range``. None when there are lines to read."""
+    if total == 0 and offset == 1:
+        return {"kind": "text", "text": "", "startLine": 1, "endLine": 0, "totalLines": 0, **extra,
+                "modelText": "[the file is empty: 0 lines]"}
+    if offset > total:
+        return fs_read_error("offset-out-of-range",
+                             f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
+    return None
+
+
 def not_found(prefix: str) -> dict[str, Any]:
     """The one answer for a missing blob and (in a model's read) for a blob outside the read's allow-list."""
     return fs_read_error("not-found", f"no stored output vfs_{prefix}.txt")
@@ -112,7 +125,7 @@ class LinePager:
         self._rendered += (k if self._count else k - 1) + numbers + sum(map(len, lines))
         self._count += k
         if self._keep and self._rendered <= self.cap:
-            self._kept.extend([f"{i:>{NUMBER_WIDTH}}\t{t}" for i, t in zip(range(first, last + 1), lines)])
+            self._kept.extend([f"{i:>{NUMBER_WIDTH}}\t{t}" for i, t in enumerate(lines, first)])
         elif self._keep:
             self._keep = False
             self._kept.clear()
@@ -197,13 +210,8 @@ class LinePager:
         """The reply, once fed to the end of the page or of the text (``at_end``: the stream reached the blob's
         last byte, so an unterminated last line is complete)."""
         offset, total = self.offset, self.total
-        if total == 0 and offset == 1:
-            # an empty blob is readable (as nothing), not an out-of-range error
-            return {"kind": "text", "text": "", "startLine": 1, "endLine": 0, "totalLines": 0,
-                    "modelText": "[the file is empty: 0 lines]"}
-        if offset > total:
-            return fs_read_error("offset-out-of-range",
-                                 f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
+        if (early := nothing_to_read(offset, total)) is not None:
+            return early
         if self.cut:
             return self._cut_result()
         if not self.done and at_end and self._first_open and self._line == offset:
@@ -331,12 +339,8 @@ class LineSearch:
 
     def result(self, at_end: bool = True) -> dict[str, Any]:
         offset, total = self.offset, self.total
-        if total == 0 and offset == 1:
-            return {"kind": "text", "text": "", "startLine": 1, "endLine": 0, "totalLines": 0, "matches": 0,
-                    "modelText": "[the file is empty: 0 lines]"}
-        if offset > total:
-            return fs_read_error("offset-out-of-range",
-                                 f"offset {offset} is past the end of the file ({total} lines); use 1..{total}")
+        if (early := nothing_to_read(offset, total, matches=0)) is not None:
+            return early
         if not self.done and at_end and self._partial:
             self._line_done("".join(self._partial))
             self._partial = []

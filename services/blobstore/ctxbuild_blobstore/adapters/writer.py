@@ -17,7 +17,7 @@ import asyncio
 import structlog
 from minio.datatypes import Part
 
-from .adapters.s3 import ObjectStore
+from .s3 import ObjectStore
 
 log = structlog.get_logger("blobstore.writer")
 
@@ -63,13 +63,12 @@ class ObjectWriter:
         n, self._next = self._next, self._next + 1
         self._inflight = asyncio.ensure_future(self.s3.upload_part(self.key, self._upload_id, n, data))
 
-    async def commit(self, final_key: str, sha256: str | None = None) -> None:
-        """Make the verified bytes the object ``final_key`` (``sha256``: their verified digest, which signs a
-        single PUT without hashing the bytes again)."""
+    async def commit(self, final_key: str) -> None:
+        """Make the verified bytes the object ``final_key``."""
         if not self.store:
             raise RuntimeError("a verify-only writer has nothing to commit")
         if self._upload_id is None:
-            await self.s3.put(final_key, self._take(), sha256=sha256)
+            await self.s3.put(final_key, self._take())
             self._closed = True
             return
         if self._buf:

@@ -16,20 +16,48 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.model.offload import Offload
+from ctxbuild_codec.models.subjects.ctx_blob_attach_reply import CtxBlobAttachReply
+from ctxbuild_codec.models.subjects.ctx_blob_attach_request import CtxBlobAttachRequest
+from ctxbuild_codec.models.subjects.ctx_blob_fs_read_reply import CtxBlobFsReadReply
+from ctxbuild_codec.models.subjects.ctx_blob_fs_read_request import CtxBlobFsReadRequest
+from ctxbuild_codec.models.subjects.ctx_blob_get_reply import CtxBlobGetReply
+from ctxbuild_codec.models.subjects.ctx_blob_get_request import (
+    CtxBlobGetRequest,
+    CtxBlobGetRequest1,
+    CtxBlobGetRequest2,
+)
+from ctxbuild_codec.models.subjects.ctx_blob_get_result_reply import CtxBlobGetResultReply, Output
+from ctxbuild_codec.models.subjects.ctx_blob_get_result_request import CtxBlobGetResultRequest
+from ctxbuild_codec.models.subjects.ctx_blob_put_reply import CtxBlobPutReply
+from ctxbuild_codec.models.subjects.ctx_blob_put_request import CtxBlobPutRequest
+from ctxbuild_codec.models.subjects.ctx_blob_read_file_reply import CtxBlobReadFileReply
+from ctxbuild_codec.models.subjects.ctx_blob_read_file_request import CtxBlobReadFileRequest
+from ctxbuild_codec.models.subjects.ctx_blob_ref_reply import CtxBlobRefReply
+from ctxbuild_codec.models.subjects.ctx_blob_ref_request import CtxBlobRefRequest
+from ctxbuild_codec.models.subjects.ctx_blob_release_reply import CtxBlobReleaseReply
+from ctxbuild_codec.models.subjects.ctx_blob_release_request import CtxBlobReleaseRequest
+from ctxbuild_codec.models.subjects.ctx_blob_upload_reply import Attachment as UploadedAttachment
+from ctxbuild_codec.models.subjects.ctx_blob_upload_reply import CtxBlobUploadReply
+from ctxbuild_codec.models.subjects.ctx_blob_upload_request import CtxBlobUploadRequest
 from ctxbuild_codec.trim import handle_prefix_from_uri, vfs_handle, vfs_uri
 from ctxbuild_platform.errors import DependencyUnavailable, InvalidPayload, NotFound, ServiceError
 from ctxbuild_platform.telemetry import span
+from pydantic import BaseModel, ConfigDict
 
-from .adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgres, RefSpec
-from .adapters.s3 import ObjectGone, ObjectReader, ObjectStore
-from .adapters.transfer import Transfer
-from .domain.access import ReadScope
-from .domain.fsread import (
+from ..adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgres, RefSpec
+from ..adapters.s3 import ObjectGone, ObjectReader, ObjectStore
+from ..adapters.transfer import Transfer
+from ..adapters.writer import ObjectWriter
+from ..domain.access import ReadScope
+from ..domain.cache import ByteCache
+from ..domain.fsread import (
     Candidate,
     LinePager,
     LineSearch,
@@ -38,10 +66,9 @@ from .domain.fsread import (
     fs_read_error,
     resolve_prefix,
 )
-from .domain.keys import INBOX, object_key, temp_key
-from .domain.readfile import CharPager, read_file_error, read_file_not_found, read_file_range_error
-from .domain.textindex import DEFAULT_STRIDE, Indexer, Marks, TextIndex, index_bytes, origin_marks
-from .writer import ObjectWriter
+from ..domain.keys import INBOX, object_key, temp_key
+from ..domain.readfile import CharPager, read_file_error, read_file_not_found, read_file_range_error
+from ..domain.textindex import DEFAULT_STRIDE, Indexer, Marks, TextIndex, index_bytes, origin_marks
 
 log = structlog.get_logger("blobstore")
 
@@ -49,52 +76,23 @@ DEFAULT_MEDIA_TYPE = "text/plain"
 READ_PIECE = 256 * 1024  # bytes per S3 read while paging
 
 
-class AccessDenied(ServiceError):
-    code = "access-denied"
+# error codes of the blob store's own (platform ServiceError / InvalidPayload carry them)
+ACCESS_DENIED = "access-denied"
+AMBIGUOUS_HANDLE = "ambiguous-handle"
+TOO_LARGE = "too-large"
+# the uploaded bytes are not the content the caller declared (sha256/size): a malformed request, with its own code
+# since the bytes were streamed before the mismatch could be seen
+DIGEST_MISMATCH = "digest-mismatch"
 
 
-class AmbiguousHandle(ServiceError):
-    code = "ambiguous-handle"
+class _ResultOutput(Output):
+    """The generated ``output`` model names only ``type``: the contract's ``value`` (any JSON) is kept as is."""
+
+    model_config = ConfigDict(extra="allow")
 
 
-class TooLarge(ServiceError):
-    code = "too-large"
-
-
-class DigestMismatch(InvalidPayload):
-    """The uploaded bytes are not the content the caller declared (sha256/size): a malformed request, with its
-    own code since the bytes were streamed before the mismatch could be seen."""
-
-    code = "digest-mismatch"
-
-
-class ByteCache:
-    """LRU of small objects' bytes by sha256. Content-addressed, so an entry can never be stale."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, sha256: str) -> bytes | None:
-        item = self._items.get(sha256)
-        if item is not None:
-            self._items.move_to_end(sha256)
-        return item
-
-    def put(self, sha256: str, data: bytes) -> None:
-        if len(data) > self.max_bytes // 4 or sha256 in self._items:
-            return  # one huge blob must not flush everything else
-        self._items[sha256] = data
-        self._bytes += len(data)
-        while self._bytes > self.max_bytes and self._items:
-            _, old = self._items.popitem(last=False)
-            self._bytes -= len(old)
-
-    def discard(self, sha256: str) -> None:
-        old = self._items.pop(sha256, None)
-        if old is not None:
-            self._bytes -= len(old)
+class GetResultReply(CtxBlobGetResultReply):
+    output: _ResultOutput
 
 
 @dataclass(frozen=True)
@@ -119,19 +117,41 @@ def _encode(content: str) -> bytes:
         raise InvalidPayload(f"content is not valid Unicode text: {exc.reason} at {exc.start}") from exc
 
 
-def _texts_ok(req: dict[str, Any]) -> None:
-    """Postgres text cannot hold NUL: an id or name with one is a malformed request (never a storage error)."""
-    stack: list[Any] = [req]
+def _texts_ok(*values: BaseModel | str | None) -> None:
+    """Postgres text cannot hold NUL: an id or name with one is a malformed request (never a storage error).
+    A model is checked field by field, its ``content`` (stored as bytes) aside."""
+    stack: list[Any] = [v.model_dump(exclude={"content"}) if isinstance(v, BaseModel) else v for v in values]
     while stack:
         v = stack.pop()
         if isinstance(v, dict):
-            stack.extend(x for k, x in v.items() if k != "content")
+            stack.extend(v.values())
         elif isinstance(v, str) and "\x00" in v:
             raise InvalidPayload("identifiers and names must not contain NUL characters")
 
 
-def _ref(req: dict[str, Any]) -> RefSpec:
-    return RefSpec(req["owner"]["kind"], req["owner"]["id"], req["role"], req["conversationId"])
+class _Referencing(Protocol):
+    """A request that names one reference (blob, owner, role) for a conversation."""
+
+    conversationId: str
+    role: Any
+
+    @property
+    def owner(self) -> Any: ...
+
+
+class _LinePaging(Protocol):
+    """What :class:`LinePager` and :class:`LineSearch` share: fed text, they answer a page of lines."""
+
+    done: bool
+    last: int
+
+    def feed(self, piece: str) -> bool: ...
+
+    def result(self, at_end: bool = True) -> dict[str, Any]: ...
+
+
+def _ref(req: _Referencing) -> RefSpec:
+    return RefSpec(req.owner.kind, req.owner.id, req.role, req.conversationId)
 
 
 def _identity(sha: str, size: int, created: bool) -> dict[str, Any]:
@@ -161,7 +181,7 @@ class BlobStore:
         async with self.db.blob_lock(sha, meanwhile=lambda: index_bytes(data, self.cfg.index_stride)) as blob:
             if await blob.exists():
                 return await blob.record(None, ref, attachment)
-            return await self._object_then_metadata(blob, self.s3.put(object_key(sha), data, sha256=sha),
+            return await self._object_then_metadata(blob, self.s3.put(object_key(sha), data),
                                                     NewBlob(len(data), media_type, blob.prepared), ref, attachment)
 
     async def _object_then_metadata(self, blob: LockedBlob, write: Coroutine[Any, Any, None], new: NewBlob,
@@ -177,8 +197,8 @@ class BlobStore:
             self._crash_point()
             return await blob.record(new, ref, attachment)
         # the INSERT goes out first, then the write is handed to its worker thread: the thread then starts while
-        # the loop only waits (measured: handing over the write first, the thread waited ~0.5 ms for the loop
-        # to finish building the INSERT)
+        # the loop only waits (handing over the write first, the thread would wait for the loop to finish
+        # building the INSERT)
         recording = asyncio.ensure_future(blob.record(new, ref, None))
         writing: asyncio.Future | None = None
         try:
@@ -197,70 +217,75 @@ class BlobStore:
         self._crash_point()
         return recorded
 
-    async def put(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def put(self, req: CtxBlobPutRequest) -> CtxBlobPutReply:
+        """Content-addressed put plus one reference (blob, owner, role) for a conversation (content inline:
+        up to ~700 KB; larger content goes through ctx.blob.upload)."""
         _texts_ok(req)
-        data = _encode(req["content"])
+        data = _encode(req.content)
         sha = hashlib.sha256(data).hexdigest()
-        declared = req.get("sha256")
+        declared = req.sha256
         if declared is not None and declared != sha:
             # the caller's digest does not describe this content: storing it would bind the wrong identity
             raise InvalidPayload(f"declared sha256 {declared} does not match the content's sha256 {sha}",
                                  details={"declared": declared, "actual": sha})
-        with span("blob.put", sha256=sha, size=len(data), role=req["role"]):
-            created, _ = await self._store_small(sha, data, req.get("mediaType") or DEFAULT_MEDIA_TYPE, _ref(req),
-                                                 None)
-        return _identity(sha, len(data), created)
+        with span("blob.put", sha256=sha, size=len(data), role=req.role):
+            created, _ = await self._store_small(sha, data, req.mediaType or DEFAULT_MEDIA_TYPE, _ref(req), None)
+        return CtxBlobPutReply(**_identity(sha, len(data), created))
 
-    async def attach(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def attach(self, req: CtxBlobAttachRequest) -> CtxBlobAttachReply:
+        """Attachment upload: the display name becomes a handle unique in the conversation."""
         _texts_ok(req)
-        data = _encode(req["content"])
+        data = _encode(req.content)
         sha = hashlib.sha256(data).hexdigest()
-        conv = req["conversationId"]
+        conv = req.conversationId
         with span("blob.attach", sha256=sha, size=len(data)):
-            _, att = await self._store_small(sha, data, req["mediaType"],
+            _, att = await self._store_small(sha, data, req.mediaType,
                                              RefSpec("conversation", conv, "attachment", conv),
-                                             (req["displayName"], req["mediaType"]))
+                                             (req.displayName, req.mediaType))
         assert att is not None
-        return {"sha256": sha, "uri": vfs_uri(sha), "handle": att.handle, "displayName": att.display_name,
-                "size": att.size, "mediaType": att.media_type}
+        return CtxBlobAttachReply(sha256=sha, uri=vfs_uri(sha), handle=att.handle, displayName=att.display_name,
+                                  size=att.size, mediaType=att.media_type)
 
-    async def ref(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Another reference to a blob the conversation can already read (e.g. provisional → tool_output)."""
+    async def ref(self, req: CtxBlobRefRequest) -> CtxBlobRefReply:
+        """One more reference to a blob the same conversation already references (no bytes travel)."""
         _texts_ok(req)
-        sha, conv = req["sha256"], req["conversationId"]
+        sha, conv = req.sha256, req.conversationId
         async with self.db.blob_lock(sha) as blob:
             if not await blob.exists():
                 raise NotFound(f"no blob {sha}")
             if not await blob.referenced_by(conv):
-                raise AccessDenied(f"blob {sha} is not referenced by conversation {conv!r}")
+                raise ServiceError(f"blob {sha} is not referenced by conversation {conv!r}", code=ACCESS_DENIED)
             await blob.record(None, _ref(req), None)
         found = await self.db.blob(sha, conv)
-        return _identity(sha, found[0].size if found else 0, False)
+        return CtxBlobRefReply(**_identity(sha, found[0].size if found else 0, False))
 
-    async def release(self, req: dict[str, Any]) -> dict[str, Any]:
+    async def release(self, req: CtxBlobReleaseRequest) -> CtxBlobReleaseReply:
+        """Drop an owner's references; a blob left with none is collected after the grace period."""
         _texts_ok(req)
-        released = await self.db.release(req["owner"]["kind"], req["owner"]["id"], req.get("role"),
-                                         req.get("sha256"))
-        return {"released": len(released)}
+        released = await self.db.release(req.owner.kind, req.owner.id, req.role, req.sha256)
+        return CtxBlobReleaseReply(released=len(released))
 
-    async def upload(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Chunked put (claim check): the bytes are pulled from the caller's ``source`` inbox."""
+    async def upload(self, request: CtxBlobUploadRequest) -> CtxBlobUploadReply:
+        """Chunked put (claim check): the instance pulls the bytes from the caller's `source` inbox in chunks
+        ≤ 512 KiB, hashes and indexes them as they stream into S3, then records metadata + the reference."""
         if self.transfer is None:
             raise DependencyUnavailable("no data channel configured")
+        req = request.root
         _texts_ok(req)
-        conv = req["conversationId"]
-        if "attachment" in req:
-            media_type = req["attachment"].get("mediaType") or req.get("mediaType") or DEFAULT_MEDIA_TYPE
+        conv = req.conversationId
+        if req.attachment is not None:
+            media_type = req.attachment.mediaType or req.mediaType or DEFAULT_MEDIA_TYPE
             ref = RefSpec("conversation", conv, "attachment", conv)
-            attachment: tuple[str, str] | None = (req["attachment"]["displayName"], media_type)
+            attachment: tuple[str, str] | None = (req.attachment.displayName, media_type)
         else:
-            media_type = req.get("mediaType") or DEFAULT_MEDIA_TYPE
-            ref, attachment = _ref(req), None
-        declared_sha, declared_size = req.get("sha256"), req.get("size")
+            media_type = req.mediaType or DEFAULT_MEDIA_TYPE
+            ref, attachment = _ref(req), None  # no attachment: the request names owner and role
+        declared_sha, declared_size = req.sha256, req.size
         if declared_size is not None and declared_size > self.cfg.upload_max_bytes:
-            raise TooLarge(f"{declared_size} bytes is over the {self.cfg.upload_max_bytes}-byte blob limit")
+            raise ServiceError(f"{declared_size} bytes is over the {self.cfg.upload_max_bytes}-byte blob limit",
+                               code=TOO_LARGE)
 
-        if not INBOX.fullmatch(req["source"]):
+        if not INBOX.fullmatch(req.source):
             raise InvalidPayload("source must be a NATS inbox of the caller (_INBOX.…)")
         with span("blob.upload", conversation=conv, declared_sha256=declared_sha or "", role=ref.role):
             if declared_sha is not None:
@@ -271,7 +296,8 @@ class BlobStore:
                         found = await self.db.blob(declared_sha, conv)
                         size = found[0].size if found else 0
                         if declared_size is not None and declared_size != size:
-                            raise DigestMismatch(f"declared size {declared_size} != stored size {size}")
+                            raise InvalidPayload(f"declared size {declared_size} != stored size {size}",
+                                                 code=DIGEST_MISMATCH)
                         return self._upload_reply(declared_sha, size, False, att, transferred=0)
             if self._upload_slots.locked():  # (a free slot is taken at once, without wait_for's extra task)
                 try:
@@ -281,13 +307,13 @@ class BlobStore:
             else:
                 await self._upload_slots.acquire()
             try:
-                return await self._upload(req["source"], conv, declared_sha, declared_size, media_type, ref,
+                return await self._upload(req.source, conv, declared_sha, declared_size, media_type, ref,
                                           attachment)
             finally:
                 self._upload_slots.release()
 
     async def _upload(self, source: str, conv: str, declared_sha: str | None, declared_size: int | None,
-                      media_type: str, ref: RefSpec, attachment: tuple[str, str] | None) -> dict[str, Any]:
+                      media_type: str, ref: RefSpec, attachment: tuple[str, str] | None) -> CtxBlobUploadReply:
         assert self.transfer is not None
         # content someone else already stored: the bytes still travel (they prove possession) but are not stored
         verify_only = declared_sha is not None and bool(await self.db.known([declared_sha]))
@@ -302,7 +328,8 @@ class BlobStore:
             async for chunk in self.transfer.pull(source):
                 size += len(chunk)
                 if size > self.cfg.upload_max_bytes:
-                    raise TooLarge(f"upload is over the {self.cfg.upload_max_bytes}-byte blob limit")
+                    raise ServiceError(f"upload is over the {self.cfg.upload_max_bytes}-byte blob limit",
+                                       code=TOO_LARGE)
                 hasher.update(chunk)
                 if size <= self.cfg.part_bytes:
                     unindexed.append(chunk)
@@ -313,9 +340,9 @@ class BlobStore:
             sha = hasher.hexdigest()
             if (declared_sha is not None and sha != declared_sha) or (declared_size is not None
                                                                       and size != declared_size):
-                raise DigestMismatch(f"received {size} bytes with sha256 {sha}; declared "
+                raise InvalidPayload(f"received {size} bytes with sha256 {sha}; declared "
                                      f"{declared_size if declared_size is not None else '?'} bytes, sha256 "
-                                     f"{declared_sha or '?'}")
+                                     f"{declared_sha or '?'}", code=DIGEST_MISMATCH)
             t1 = time.perf_counter()
 
             def finish_index() -> TextIndex:
@@ -334,7 +361,7 @@ class BlobStore:
                         raise ServiceError("the blob was collected during the upload; upload again",
                                            code="conflict", retryable=True)
                     created, att = await self._object_then_metadata(
-                        blob, writer.commit(object_key(sha), sha), NewBlob(size, media_type, index), ref, attachment)
+                        blob, writer.commit(object_key(sha)), NewBlob(size, media_type, index), ref, attachment)
                 t3 = time.perf_counter()
             log.debug("upload-timing", size=size, pull_ms=round((t1 - t0) * 1e3, 2),
                       lock_ms=round((t2 - t1) * 1e3, 2), store_and_record_ms=round((t3 - t2) * 1e3, 2),
@@ -346,15 +373,15 @@ class BlobStore:
 
     @staticmethod
     def _upload_reply(sha: str, size: int, created: bool, att: Attachment | None, *, transferred: int,
-                      index: TextIndex | None = None) -> dict[str, Any]:
-        out = _identity(sha, size, created)
-        out["transferred"] = transferred
+                      index: TextIndex | None = None) -> CtxBlobUploadReply:
+        out = CtxBlobUploadReply(**_identity(sha, size, created), transferred=transferred)
         if index is not None:
-            out["isText"] = index.is_text
+            out.isText = index.is_text
             if index.is_text:
-                out["chars"], out["lines"] = index.chars, index.lines
+                out.chars, out.lines = index.chars, index.lines
         if att is not None:
-            out["attachment"] = {"handle": att.handle, "displayName": att.display_name, "mediaType": att.media_type}
+            out.attachment = UploadedAttachment(handle=att.handle, displayName=att.display_name,
+                                                mediaType=att.media_type)
         return out
 
     # ======================================================================== reads
@@ -410,6 +437,20 @@ class BlobStore:
         self._marks.pop(info.sha256, None)
         return replace(info, chars=ix.chars, lines=ix.lines, is_text=ix.is_text)
 
+    async def _as_text(self, info: BlobInfo, name: str, reader: str,
+                       error: Callable[[str, str], dict[str, Any]]) -> BlobInfo | dict[str, Any]:
+        """The blob with its text facts, if ``reader`` (fs_read, read_file) may page it; else that reader's
+        model-facing error (built by ``error``): too large, gone, or binary."""
+        if info.size > self.cfg.max_read_bytes:
+            return error("too-large", f"{name} is {info.size} bytes, over the {self.cfg.max_read_bytes}-byte limit "
+                                      f"for {reader}")
+        indexed = await self._indexed(info)
+        if indexed is None:
+            return error("not-found", f"{name} is no longer available")
+        if not indexed.is_text:
+            return error("binary", f"{name} is binary content, not text")
+        return indexed
+
     async def _seek_marks(self, info: BlobInfo) -> tuple[Marks, Marks]:
         if info.size <= self.cfg.index_stride:
             return origin_marks(1), origin_marks(0)
@@ -423,56 +464,40 @@ class BlobStore:
             self._marks.popitem(last=False)
         return marks
 
-    async def fs_read(self, req: dict[str, Any]) -> dict[str, Any]:
-        uri = req["uri"]
+    async def fs_read(self, req: CtxBlobFsReadRequest) -> CtxBlobFsReadReply:
+        """A numbered page of an offloaded output by URI (allow-list enforced here)."""
+        return CtxBlobFsReadReply.model_validate(await self._fs_read(req))
+
+    async def _fs_read(self, req: CtxBlobFsReadRequest) -> dict[str, Any]:
+        uri, conversation, turn = req.uri, req.conversationId, req.turnId
         prefix = handle_prefix_from_uri(uri)
         if prefix is None:
             shown = uri if len(uri) <= 200 else uri[:200] + "…"
             return fs_read_error("parse-error", f"not a stored-output URI: {shown!r} "
                                                 "(expected context://vfs/vfs_<16 hex>.txt)")
-        _texts_ok({"c": req["conversationId"], "t": req.get("turnId") or ""})
-        with span("blob.fs_read", prefix=prefix, conversation=req["conversationId"], turn=req.get("turnId")):
-            rows = await self.db.candidates(prefix, req["conversationId"])
-            scope = ReadScope.of(req)
-            candidates = await self._in_scope(prefix, [c for c, _ in rows], req["conversationId"], scope)
+        _texts_ok(conversation, turn)
+        with span("blob.fs_read", prefix=prefix, conversation=conversation, turn=turn):
+            rows = await self.db.candidates(prefix, conversation)
+            scope = ReadScope.of(req.retained, turn)
+            candidates = await self._in_scope(prefix, [c for c, _ in rows], conversation, scope)
             resolved = resolve_prefix(prefix, candidates, uniform=scope is not None)
             if not isinstance(resolved, Resolved):
-                log.info("fs_read-refused", prefix=prefix, code=resolved["code"],
-                         conversation=req["conversationId"], turn=req.get("turnId"),
-                         outside_scope=any(c.allowed for c, _ in rows))
+                log.info("fs_read-refused", prefix=prefix, code=resolved["code"], conversation=conversation,
+                         turn=turn, outside_scope=any(c.allowed for c, _ in rows))
                 return resolved
             info = next(i for c, i in rows if c.sha256 == resolved.sha256)
             name = f"vfs_{prefix}.txt"
-            if info.size > self.cfg.max_read_bytes:
-                return fs_read_error("too-large", f"{name} is {info.size} bytes, over the "
-                                                  f"{self.cfg.max_read_bytes}-byte limit for fs_read")
-            indexed = await self._indexed(info)
-            if indexed is None:
-                return fs_read_error("not-found", f"{name} is no longer available")
-            if not indexed.is_text:
-                return fs_read_error("binary", f"{name} is binary content, not text")
-            offset, column = req.get("offset", 1), req.get("column", 1)
-            total = indexed.lines or 0
-            if req.get("pattern") is not None:
-                return await self._search(indexed, name, req["pattern"], offset, req.get("limit"), total)
-            limit = req.get("limit", 2000)
-            pager = LinePager(first_line=1, offset=offset, limit=limit, total_lines=total, cap=self.cfg.read_cap,
-                              column=column)
-            if pager.done:
-                return pager.result()
-            line_marks, _ = await self._seek_marks(indexed)
-            first_line, start = line_marks.floor(offset)
-            end = line_marks.ceil_offset(pager.last + 1)
-            end = indexed.size if end is None else end
-            pager = LinePager(first_line=first_line, offset=offset, limit=limit, total_lines=total,
-                              cap=self.cfg.read_cap, column=column)
-            try:
-                async for text in self._text(indexed, start, end - start):
-                    if pager.feed(text):
-                        break
-            except ObjectGone:
-                return fs_read_error("not-found", f"{name} is no longer available")
-            return pager.result(at_end=end == indexed.size)
+            indexed = await self._as_text(info, name, "fs_read", fs_read_error)
+            if isinstance(indexed, dict):
+                return indexed
+            offset, column, total = req.offset, req.column, indexed.lines or 0
+            if req.pattern is not None:
+                # without a limit a search runs to the end of the text (a page's default limit does not apply)
+                limit = req.limit if "limit" in req.model_fields_set else None
+                return await self._search(indexed, name, req.pattern, offset, limit, total)
+            return await self._lines(indexed, name, offset, lambda first: LinePager(
+                first_line=first, offset=offset, limit=req.limit, total_lines=total, cap=self.cfg.read_cap,
+                column=column))
 
     async def _search(self, indexed: BlobInfo, name: str, pattern: str, offset: int, limit: int | None,
                       total: int) -> dict[str, Any]:
@@ -481,23 +506,31 @@ class BlobStore:
         compiled = compile_pattern(pattern)
         if isinstance(compiled, dict):
             return compiled
-        search = LineSearch(compiled, first_line=1, offset=offset, limit=limit, total_lines=total,
-                            cap=self.cfg.read_cap, timeout_s=self.cfg.pattern_timeout_s)
-        if search.done:
-            return search.result()
+        return await self._lines(indexed, name, offset, lambda first: LineSearch(
+            compiled, first_line=first, offset=offset, limit=limit, total_lines=total, cap=self.cfg.read_cap,
+            timeout_s=self.cfg.pattern_timeout_s), off_loop=True)
+
+    async def _lines(self, indexed: BlobInfo, name: str, offset: int, pager_from: Callable[[int], _LinePaging],
+                     *, off_loop: bool = False) -> dict[str, Any]:
+        """The page (or search) of lines from line ``offset``: ``pager_from(first_line)`` builds the pager, first
+        from line 1 (what it needs, or an answer without reading), then from the seek mark at or before
+        ``offset``, fed only the text between that mark and the one after the page. ``off_loop``: feed it on a
+        worker thread (regex work)."""
+        pager = pager_from(1)
+        if pager.done:
+            return pager.result()
         line_marks, _ = await self._seek_marks(indexed)
         first_line, start = line_marks.floor(offset)
-        end = line_marks.ceil_offset(search.last + 1)
+        end = line_marks.ceil_offset(pager.last + 1)
         end = indexed.size if end is None else end
-        search = LineSearch(compiled, first_line=first_line, offset=offset, limit=limit, total_lines=total,
-                            cap=self.cfg.read_cap, timeout_s=self.cfg.pattern_timeout_s)
+        pager = pager_from(first_line)
         try:
             async for text in self._text(indexed, start, end - start):
-                if await asyncio.to_thread(search.feed, text):
+                if await asyncio.to_thread(pager.feed, text) if off_loop else pager.feed(text):
                     break
         except ObjectGone:
             return fs_read_error("not-found", f"{name} is no longer available")
-        return search.result(at_end=end == indexed.size)
+        return pager.result(at_end=end == indexed.size)
 
     async def _in_scope(self, prefix: str, candidates: list[Candidate], conversation: str,
                         scope: ReadScope | None) -> list[Candidate]:
@@ -509,31 +542,29 @@ class BlobStore:
                                               scope.turn_id) if scope.turn_id else set()
         return [replace(c, allowed=c.allowed and c.sha256 in owned) for c in candidates]
 
-    async def read_file(self, req: dict[str, Any]) -> dict[str, Any]:
-        conversation, name = req["conversationId"], req["filename"]
-        _texts_ok({"c": conversation})
-        scope = ReadScope.of(req)
-        with span("blob.read_file", conversation=conversation, turn=req.get("turnId")):
+    async def read_file(self, req: CtxBlobReadFileRequest) -> CtxBlobReadFileReply:
+        """A character page of an attachment by handle (only this conversation's attachments)."""
+        return CtxBlobReadFileReply.model_validate(await self._read_file(req))
+
+    async def _read_file(self, req: CtxBlobReadFileRequest) -> dict[str, Any]:
+        conversation, name, turn = req.conversationId, req.filename, req.turnId
+        _texts_ok(conversation)
+        scope = ReadScope.of(req.retained, turn)
+        with span("blob.read_file", conversation=conversation, turn=turn):
             # a NUL can be in no handle (Postgres text cannot hold one): simply no such file
             found = None if "\x00" in name else await self.db.attachment(conversation, name)
             if found is not None and scope is not None and not scope.retains_attachment(found[0].handle,
                                                                                          found[0].sha256):
-                log.info("read_file-refused", conversation=conversation, turn=req.get("turnId"), outside_scope=True)
+                log.info("read_file-refused", conversation=conversation, turn=turn, outside_scope=True)
                 found = None  # revoked by the served window, or another branch's: as if it did not exist
             if found is None:
                 known = list(scope.handles[:20]) if scope is not None \
                     else await self.db.attachment_handles(conversation)
                 return read_file_not_found(name, known)
-            _, info = found
-            if info.size > self.cfg.max_read_bytes:
-                return read_file_error("too-large", f"{name} is {info.size} bytes, over the "
-                                                    f"{self.cfg.max_read_bytes}-byte limit for read_file")
-            indexed = await self._indexed(info)
-            if indexed is None:
-                return read_file_error("not-found", f"{name} is no longer available")
-            if not indexed.is_text:
-                return read_file_error("binary", f"{name} is binary content, not text")
-            offset, limit = req.get("offset", 0), req.get("limit", 8000)
+            indexed = await self._as_text(found[1], name, "read_file", read_file_error)
+            if isinstance(indexed, dict):
+                return indexed
+            offset, limit = req.offset, req.limit
             total = indexed.chars or 0
             err = read_file_range_error(offset, total)
             if err is not None:
@@ -552,19 +583,26 @@ class BlobStore:
                     return read_file_error("not-found", f"{name} is no longer available")
             return pager.result()
 
-    async def _readable(self, req: dict[str, Any]) -> BlobInfo:
+    async def _blob(self, sha: str, conv: str) -> BlobInfo | None:
+        """The blob ``sha`` if it is stored (None if not), access-denied if the conversation may not read it."""
+        found = await self.db.blob(sha, conv)
+        if found is None:
+            return None
+        info, allowed = found
+        if not allowed:
+            raise ServiceError(f"blob {sha} is not readable from this conversation", code=ACCESS_DENIED)
+        return info
+
+    async def _readable(self, req: CtxBlobGetRequest1 | CtxBlobGetRequest2) -> BlobInfo:
         """The blob a caller names by sha256 or URI, if its conversation may read it (typed errors if not)."""
         _texts_ok(req)
-        conv = req["conversationId"]
-        if "sha256" in req:
-            found = await self.db.blob(req["sha256"], conv)
-            if found is None:
-                raise NotFound(f"no blob {req['sha256']}")
-            info, allowed = found
-            if not allowed:
-                raise AccessDenied(f"blob {req['sha256']} is not readable from this conversation")
+        conv = req.conversationId
+        if req.sha256 is not None:
+            info = await self._blob(req.sha256, conv)
+            if info is None:
+                raise NotFound(f"no blob {req.sha256}")
             return info
-        prefix = handle_prefix_from_uri(req["uri"])
+        prefix = handle_prefix_from_uri(req.uri or "")
         if prefix is None:
             raise InvalidPayload("uri is not a stored-output URI (context://vfs/vfs_<16 hex>.txt)")
         rows = await self.db.candidates(prefix, conv)
@@ -572,18 +610,22 @@ class BlobStore:
         if isinstance(resolved, Resolved):
             return next(i for c, i in rows if c.sha256 == resolved.sha256)
         code, message = resolved["code"], resolved["message"]
-        raise {"not-found": NotFound, "access-denied": AccessDenied}.get(code, AmbiguousHandle)(message)
+        if code == "not-found":
+            raise NotFound(message)
+        raise ServiceError(message, code=ACCESS_DENIED if code == ACCESS_DENIED else AMBIGUOUS_HANDLE)
 
-    async def get(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Stream a blob (or a byte range of it) to the caller's ``sink`` inbox."""
+    async def get(self, request: CtxBlobGetRequest) -> CtxBlobGetReply:
+        """Read back a blob (or a byte range) by sha256 or URI: the bytes are pushed to the caller's `sink`
+        inbox in chunks ≤ 512 KiB (allow-list enforced here)."""
         if self.transfer is None:
             raise DependencyUnavailable("no data channel configured")
-        if not INBOX.fullmatch(req["sink"]):
+        req = request.root
+        if not INBOX.fullmatch(req.sink):
             raise InvalidPayload("sink must be a NATS inbox of the caller (_INBOX.…)")
-        start, want = req.get("offset", 0), req.get("length")
-        piece = self.transfer.push_bytes(req.get("maxChunk"))
+        start, want = req.offset or 0, req.length
+        piece = self.transfer.push_bytes(req.maxChunk)
         early: asyncio.Task | None = None
-        sha = req.get("sha256")
+        sha = req.sha256
         if sha and start == 0 and want != 0 and (self.cache is None or self.cache.get(sha) is None):
             # start the S3 read (the request and up to two chunks, one thread hop: a 1 MiB blob is one large
             # chunk plus a small tail) while Postgres checks the allow-list; nothing is sent before it passes
@@ -620,86 +662,85 @@ class BlobStore:
                         async for c in chunks:
                             yield c
 
-                n = await self.transfer.push(req["sink"], all_chunks(), start,
-                                             await_tail=not req.get("earlyReply", False))
+                n = await self.transfer.push(req.sink, all_chunks(), start, await_tail=not req.earlyReply)
             except ObjectGone as exc:
                 raise NotFound(f"blob {info.sha256} is no longer available") from exc
             finally:
                 await chunks.aclose()
-        return {"sha256": info.sha256, "size": info.size, "offset": start, "length": length, "chunks": n,
-                "mediaType": info.media_type}
-
+        return CtxBlobGetReply(sha256=info.sha256, size=info.size, offset=start, length=length, chunks=n,
+                               mediaType=info.media_type)
 
     # ------------------------------------------------------------------------ read-back for a UI (SPEC §7)
-    async def get_result(self, req: dict[str, Any]) -> dict[str, Any]:
-        """A persisted envelope inflated from its blobs, or an in-flight offload's original (``offload``): the
-        original tool output. A blob that is gone degrades to its stored excerpt; one the conversation may not
-        read is access-denied; a result too large for one reply is ``too-large`` (the blob client then streams
-        the blobs and inflates on its side)."""
+    async def get_result(self, request: CtxBlobGetResultRequest) -> GetResultReply:
+        """Read-back for a UI (SPEC §7): a persisted envelope inflated from its blobs (a gone blob degrades to
+        its excerpt), or an in-flight offload's original output (SPEC §15.1), byte-identical."""
+        # a blob the conversation may not read is access-denied; a result too large for one reply is too-large
+        # (the blob client then streams the blobs and inflates on its side)
         from ctxbuild_codec import envelopes
 
-        _texts_ok({"c": req["conversationId"]})
-        if "offload" in req:
-            return await self._original_result(req["offload"], req["conversationId"])
-        envelope, conv = req["envelope"], req["conversationId"]
+        req = request.root
+        conv = req.conversationId
+        _texts_ok(conv)
+        if req.offload is not None:
+            output = await self._original_result(req.offload, conv)
+            return GetResultReply(output=_ResultOutput.model_validate(output), gone=[])
+        assert req.envelope is not None
+        envelope = dump(req.envelope)
         try:
             ids = envelopes.blob_ids(envelope)  # text blobs and, for non-text outputs, the original (§15.1)
         except envelopes.EnvelopeError as exc:
             raise InvalidPayload(str(exc)[:300]) from exc
-        infos: dict[str, BlobInfo | None] = {}
-        for sha in ids:
-            found = await self.db.blob(sha, conv)
-            if found is not None and not found[1]:
-                raise AccessDenied(f"blob {sha} is not readable from this conversation")
-            infos[sha] = found[0] if found else None
-        total = sum(i.size for i in infos.values() if i is not None)
-        if total > self.cfg.result_max_bytes:
-            raise TooLarge(f"the inflated result needs {total} bytes of blobs, over the {self.cfg.result_max_bytes}-"
-                           "byte reply budget; stream the blobs with ctx.blob.get",
-                           details={"blobs": [{"sha256": s, "size": i.size} for s, i in infos.items() if i]})
+        infos = {sha: await self._blob(sha, conv) for sha in ids}
+        self._within_reply(sum(i.size for i in infos.values() if i is not None),
+                           "the inflated result needs {} bytes of blobs", "stream the blobs with ctx.blob.get",
+                           [(s, i.size) for s, i in infos.items() if i])
         texts: dict[str, str | None] = {}
         for sha, info in infos.items():
             texts[sha] = None
             if info is None:
                 continue
             try:
-                data = b"".join([c async for c in self._bytes(info, 0, info.size, self.cfg.chunk_bytes)])
-                texts[sha] = data.decode("utf-8")
+                texts[sha] = (await self._whole_blob(info)).decode("utf-8")
             except (ObjectGone, UnicodeDecodeError):
                 texts[sha] = None
         output = envelopes.inflate(envelope, texts)
-        gone = [s for s, t in texts.items() if t is None]
-        return {"output": output, "gone": gone}
+        return GetResultReply(output=_ResultOutput.model_validate(output),
+                              gone=[s for s, t in texts.items() if t is None])
 
-    async def _original_result(self, offload: dict[str, Any], conv: str) -> dict[str, Any]:
+    def _within_reply(self, size: int, what: str, instead: str, blobs: list[tuple[str, int]]) -> None:
+        """too-large when ``size`` bytes of blobs would not fit one get_result reply (``details.blobs``)."""
+        if size > self.cfg.result_max_bytes:
+            raise ServiceError(f"{what.format(size)}, over the {self.cfg.result_max_bytes}-byte reply budget; "
+                               f"{instead}", code=TOO_LARGE,
+                               details={"blobs": [{"sha256": s, "size": n} for s, n in blobs]})
+
+    async def _whole_blob(self, info: BlobInfo) -> bytes:
+        """All of a blob's bytes (ObjectGone when its object is missing)."""
+        return b"".join([c async for c in self._bytes(info, 0, info.size, self.cfg.chunk_bytes)])
+
+    async def _original_result(self, offload: Offload, conv: str) -> dict[str, Any]:
         """An in-flight offload's original output (``offload.original``, SPEC §15.1) read back byte-identical:
         a non-text output's whole JSON, or a json output's value. Its blob being gone is ``not-found`` (there is
         no excerpt of the original to degrade to: the served part holds what is left)."""
         from ctxbuild_codec import nontext
 
-        original = offload.get("original")
-        if not isinstance(original, dict):
+        original = offload.original
+        if original is None:
             raise InvalidPayload("the offload record names no original output (offload.original)")
-        sha = original["sha256"]
-        found = await self.db.blob(sha, conv)
-        if found is None:
+        sha = original.sha256
+        info = await self._blob(sha, conv)
+        if info is None:
             raise NotFound(f"blob {sha} is no longer available")
-        info, allowed = found
-        if not allowed:
-            raise AccessDenied(f"blob {sha} is not readable from this conversation")
-        if info.size > self.cfg.result_max_bytes:
-            raise TooLarge(f"the original output is {info.size} bytes, over the {self.cfg.result_max_bytes}-byte "
-                           "reply budget; stream it with ctx.blob.get",
-                           details={"blobs": [{"sha256": sha, "size": info.size}]})
+        self._within_reply(info.size, "the original output is {} bytes", "stream it with ctx.blob.get",
+                           [(sha, info.size)])
         try:
-            data = b"".join([c async for c in self._bytes(info, 0, info.size, self.cfg.chunk_bytes)])
+            data = await self._whole_blob(info)
         except ObjectGone as exc:
             raise NotFound(f"blob {sha} is no longer available") from exc
         try:
-            output = nontext.read_back(original["of"], original["type"], data.decode("utf-8"))
+            return nontext.read_back(original.of, original.type, data.decode("utf-8"))
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError: not an original this lane stored
             raise InvalidPayload(f"blob {sha} does not hold a tool output's JSON") from exc
-        return {"output": output, "gone": []}
 
 
 def _feed(indexer: Indexer, chunks: list[bytes]) -> None:

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import structlog
+from ctxbuild_codec.models.subjects.ctx_blob_gc_reply import CtxBlobGcReply
+from ctxbuild_codec.models.subjects.ctx_blob_gc_request import CtxBlobGcRequest
 from ctxbuild_platform.errors import ServiceError
 
-from .adapters.postgres import Postgres
-from .adapters.s3 import ObjectStore
-from .domain.gcpolicy import cutoff, orphan_candidates
-from .domain.keys import BLOB_PREFIX, UPLOAD_PREFIX, object_key
+from ..adapters.postgres import Postgres
+from ..adapters.s3 import ObjectStore
+from ..domain.gcpolicy import cutoff, orphan_candidates
+from ..domain.keys import BLOB_PREFIX, UPLOAD_PREFIX, object_key
 
 log = structlog.get_logger("blobstore.gc")
 
@@ -38,9 +40,9 @@ class GcReport:
     skipped: int = 0  # busy (a writer held the blob's lock): next round
     errors: list[str] = field(default_factory=list)
 
-    def to_reply(self) -> dict:
-        return {"ran": self.ran, "blobs": self.blobs, "orphans": self.orphans, "uploads": self.uploads,
-                "staging": self.staging, "skipped": self.skipped, "errors": self.errors[:20]}
+    def to_reply(self) -> CtxBlobGcReply:
+        return CtxBlobGcReply(ran=self.ran, blobs=self.blobs, orphans=self.orphans, uploads=self.uploads,
+                              staging=self.staging, skipped=self.skipped, errors=self.errors[:20])
 
 
 class Collector:
@@ -57,6 +59,10 @@ class Collector:
         if self.on_delete is not None:
             self.on_delete(sha)
 
+    async def gc(self, req: CtxBlobGcRequest) -> CtxBlobGcReply:
+        """Run one garbage-collection round now (it also runs in the background every gc_interval_s)."""
+        return (await self.run_once()).to_reply()
+
     async def run_once(self) -> GcReport:
         async with self.db.gc_leader() as leader:
             if not leader:
@@ -66,7 +72,7 @@ class Collector:
             await self._orphans(report)
             await self._uploads(report)
             if report.blobs or report.orphans or report.uploads or report.staging:
-                log.info("gc-round", **report.to_reply())
+                log.info("gc-round", **report.to_reply().model_dump())
             return report
 
     async def _unreferenced(self, report: GcReport) -> None:
