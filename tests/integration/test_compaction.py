@@ -144,7 +144,8 @@ async def test_anchor_off_and_window_settings(services, rpc):
 
 async def test_stored_summary_is_served(services, rpc):
     cid = await seed_conversation(rpc)
-    await append(rpc, cid, ("CompactionSummaryRecorded", {"boundaryId": "a2", "summary": "- User: asked for a review."}))
+    await append(rpc, cid, ("CompactionSummaryRecorded",
+                            {"boundaryId": "a2", "summary": "- User: asked for a review."}))
     reply = await rpc.call("ctx.compact.turn_start", {"conversationId": cid, "settings": {"contextWindow": 100_000}})
     assert reply["decision"]["status"] == "serve"
     assert [m["id"] for m in reply["messages"]] == ["compaction:a2", "u2", "a3", "u3"]
@@ -188,7 +189,8 @@ async def test_in_loop_fold_checkpoint_and_read_back(services, rpc):
 
     # the runner records the checkpoint on the turn stream; a replica resuming the turn reads it back
     await rpc.call("ctx.persist.append", {"streamId": f"turn:{turn}", "expectedVersion": 0, "events": [
-        {"eventId": str(uuid.uuid4()), "type": "TurnStarted", "data": {"turnId": turn, "conversationId": cid, "userMessageId": "u9"}},
+        {"eventId": str(uuid.uuid4()), "type": "TurnStarted",
+         "data": {"turnId": turn, "conversationId": cid, "userMessageId": "u9"}},
         {"eventId": str(uuid.uuid4()), "type": "InLoopFoldRecorded", "data": {"turnId": turn, **ck, "step": 9}}]})
     resumed = await rpc.call("ctx.compact.in_loop", {**base, "messages": msgs})
     assert resumed["decision"]["checkpointReadBack"] is True and resumed["decision"]["status"] == "serve"
