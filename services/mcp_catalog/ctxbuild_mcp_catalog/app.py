@@ -12,14 +12,11 @@ operations behind the subjects.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import socket
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from functools import lru_cache
 from typing import Any
 
 import mcp_types
@@ -35,7 +32,8 @@ from .adapters.registry import ServerRecord
 from .adapters.tool_cache import ToolVectors, run_key
 from .domain import deferral, meta, outputs, ranking, resolution, schemas
 from .domain.resolution import ServerRef, ServerView, Status
-from .domain.tool_ids import servers_for_id, tool_id
+from .domain.tool_ids import servers_for_id
+from .domain.tools import cached_tool, compact, fingerprint, wire_cost
 from .settings import McpServerConfig, Settings
 
 log = structlog.get_logger("mcp_catalog")
@@ -46,26 +44,9 @@ RUN_POLL_S = 0.25  # how often a re-asked call in flight elsewhere is looked up 
 
 def wire_tool(server: McpServerConfig, tool: mcp_types.Tool) -> dict[str, Any]:
     """The cached form of one MCP tool."""
-    out: dict[str, Any] = {
-        "id": tool_id(server.id, tool.name, server.label),
-        "name": tool.name,
-        "serverId": server.id,
-        "description": tool.description or "",
-        "inputSchema": tool.input_schema,
-    }
-    if tool.annotations is not None:
-        ann = tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if ann:
-            out["annotations"] = ann
-    return out
-
-
-def dump_block(block: Any) -> dict[str, Any]:
-    return block.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def cancelled_output() -> dict[str, Any]:
-    return outputs.error_text("the call was cancelled")
+    ann = (tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+           if tool.annotations is not None else None)
+    return cached_tool(server.id, server.label, tool.name, tool.description, tool.input_schema, ann)
 
 
 class Catalog:
@@ -323,7 +304,7 @@ class Catalog:
         for t in tools:
             wt, report = schemas.wire_tool(t["id"], t["description"], t["inputSchema"], dialect)
             wired.append((t, wt, report))
-        costs = {t["id"]: _cost(t["id"], t["description"], _freeze(wt["inputSchema"])) for t, wt, _ in wired}
+        costs = {t["id"]: wire_cost(t["id"], t["description"], wt["inputSchema"]) for t, wt, _ in wired}
         decision = deferral.decide([deferral.Candidate(t["id"], t["defer"], costs[t["id"]]) for t in tools], window)
         deferred = set(decision.deferred)
         wire_tools = [wt for t, wt, _ in wired if t["id"] not in deferred]
@@ -390,7 +371,7 @@ class Catalog:
     async def invoke(self, tid: str, arguments: dict[str, Any], call_id: str | None,
                      timeout_s: float | None = None, turn_id: str | None = None) -> dict[str, Any]:
         if call_id and self._was_cancelled(call_id):
-            return {"output": cancelled_output(), "cancelled": True}
+            return {"output": outputs.cancelled(), "cancelled": True}
         servers = await self._servers()
         hit = await self._find(tid, servers)
         if hit is None or not hit[0].policy(hit[1]["name"])[2]:
@@ -450,7 +431,7 @@ class Catalog:
                 current = asyncio.current_task()
                 if inner.cancelled() and (current is None or not current.cancelling()):
                     log.info("mcp-call-cancelled", server=sid, tool=name, call_id=call_id)
-                    return {"output": cancelled_output(), "cancelled": True}
+                    return {"output": outputs.cancelled(), "cancelled": True}
                 raise
             except ConnectionLost as exc:
                 log.warning("mcp-call-connection-lost", server=sid, tool=name, call_id=call_id)
@@ -471,7 +452,7 @@ class Catalog:
                     tasks.discard(inner)
                     if not tasks:
                         self._calls.pop(key, None)
-            blocks = [dump_block(b) for b in result.content]
+            blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
             return {"output": outputs.call_output(blocks, bool(result.is_error), result.structured_content)}
 
     # ---------- cancel ----------
@@ -509,7 +490,7 @@ class Catalog:
         if errors:
             return {"output": meta.error_output(
                 f"{tool}: invalid arguments ({errors[0].message[:200]}); expected "
-                + _compact(meta.SCHEMAS[tool]))}
+                + compact(meta.SCHEMAS[tool]))}
         servers = await self._servers()
         deferred_ids: list[str] = state["deferred"]
         catalog = await self._deferred_view(state, servers)
@@ -543,7 +524,7 @@ class Catalog:
             assert verdict.tool is not None and verdict.params is not None
             inner = meta.inner_call_id(payload.get("callId"), name)
             if self._was_cancelled(inner):
-                return {"output": cancelled_output(), "cancelled": True, "effectiveToolName": name, "callId": inner}
+                return {"output": outputs.cancelled(), "cancelled": True, "effectiveToolName": name, "callId": inner}
             cfg = servers[verdict.tool["serverId"]]
             timeout = min(float(payload.get("timeoutS") or self.settings.call_timeout_s),
                           self.settings.max_call_timeout_s)
@@ -562,7 +543,7 @@ class Catalog:
     async def _search_index(self, tools: list[dict[str, Any]]) -> meta.SearchIndex:
         """One index per distinct deferred catalog (memoised, a few at a time); hybrid when the tool vectors
         can be had (memory, the shared cache, or embedded here), else lexical."""
-        key = tuple((t["id"], _fp(t)) for t in tools)
+        key = tuple((t["id"], fingerprint(t)) for t in tools)
         idx = self._indexes.get(key)
         if idx is not None:
             self._indexes.move_to_end(key)
@@ -685,21 +666,3 @@ class Catalog:
         return [{"id": r.config.id, "status": st[r.config.id]["status"], "tools": st[r.config.id]["toolCount"],
                  "active": r.config.active, **({"error": st[r.config.id]["error"]} if "error" in st[r.config.id]
                                                  else {})} for r in records]
-
-
-def _freeze(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _compact(value: Any) -> str:
-    return _freeze(value)
-
-
-@lru_cache(maxsize=8192)
-def _cost(name: str, description: str, frozen_schema: str) -> int:
-    return deferral.tool_cost(name, description, json.loads(frozen_schema))
-
-
-def _fp(tool: dict[str, Any]) -> str:
-    return hashlib.sha256(_freeze([tool.get("description"), tool.get("inputSchema"), tool.get("namespace")])
-                          .encode()).hexdigest()[:16]

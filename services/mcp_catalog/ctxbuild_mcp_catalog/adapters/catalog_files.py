@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..domain.tool_ids import tool_id
+from ..domain.tools import cached_tool
 
 
 def load_catalogs(folder: Path) -> dict[str, list[dict[str, Any]]]:
@@ -17,7 +17,6 @@ def load_catalogs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     for f in sorted(folder.glob("*.tools.json")):
         doc = json.loads(f.read_text())
         server = doc["server"]
-        out[server] = [{"id": tool_id(server, t["name"], server), "name": t["name"], "serverId": server,
-                        "namespace": server, "description": t.get("description") or "",
-                        "inputSchema": t["inputSchema"]} for t in doc["tools"]]
+        out[server] = [{**cached_tool(server, server, t["name"], t.get("description"), t["inputSchema"]),
+                        "namespace": server} for t in doc["tools"]]
     return out

@@ -27,6 +27,11 @@ def error_text(message: str) -> dict[str, Any]:
     return {"type": "error-text", "value": message[:MAX_ERROR_CHARS]}
 
 
+def cancelled() -> dict[str, Any]:
+    """The output of a call cancelled by ``ctx.mcp.cancel``."""
+    return error_text("the call was cancelled")
+
+
 def error_from_blocks(blocks: Sequence[Mapping[str, Any]], structured: Any = None) -> dict[str, Any]:
     """A call the tool itself reported as failed (``isError``): its text blocks joined; else the blocks as
     JSON; else a generic message."""
