@@ -119,7 +119,7 @@ async def test_concurrent_appends_leave_no_gaps_in_global_order(persistence, rpc
     for r in results:  # an append's events are consecutive: appends never interleave
         assert r["positions"] == list(range(r["positions"][0], r["positions"][0] + 3))
     assert set(mine) <= set(seen)
-    for s, r in zip(streams, results):
+    for s, r in zip(streams, results, strict=True):
         got = await rpc.call("ctx.persist.read_stream", {"streamId": s})
         assert [x["position"] for x in got["events"]] == r["positions"]
         assert [x["version"] for x in got["events"]] == [1, 2, 3]

@@ -115,7 +115,7 @@ async def test_oversized_outputs_become_envelopes_readable_in_full(services, rpc
     expected_uris = [b["uri"] for p in res["parts"] for b in p["blobs"]]
     assert h["persistedUris"] == list(dict.fromkeys(expected_uris)) and len(h["persistedUris"]) == 4
     # every trimmed output comes back byte-exactly from the blob store (this conversation may read it)
-    for part, original in zip(stored[:4], messages[1]["parts"][:4]):
+    for part, original in zip(stored[:4], messages[1]["parts"][:4], strict=True):
         got = await recover(rpc, cid, part["output"]["value"])
         assert json.dumps(got) == json.dumps(original["output"])
     # another conversation may not

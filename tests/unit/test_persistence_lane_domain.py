@@ -79,7 +79,7 @@ def test_finding_3_read_tool_echoes_are_stored_trimmed():
     assert env["skeleton"]["totalLines"] == 1200  # identity fields stay
     assert len(json.dumps(stored)) < 12_000 < 3 * len(BIG)
     # read back: the original output, exactly
-    for part, original in zip(stored[0]["parts"], messages[0]["parts"]):
+    for part, original in zip(stored[0]["parts"], messages[0]["parts"], strict=True):
         assert envelopes.inflate(part["output"]["value"], {env["blobRefs"][0]["fileEntryId"]: BIG}) == \
             original["output"]
 

@@ -89,8 +89,8 @@ _PAGE_STREAM = (
 _PAGE_ALL = (
     "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
     "e.metadata::text AS metadata, e.recorded_at, w.more FROM ("
-    "  SELECT position, n, upto, (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) "
-    "         AS more FROM ("
+    "  SELECT position, n, upto, "
+    "         (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) AS more FROM ("
     "    SELECT position, n, sum(size_bytes) OVER (ORDER BY position) AS upto FROM ("
     "      SELECT position, size_bytes, row_number() OVER (ORDER BY position) AS n "
     "      FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2 + 1) c) s"

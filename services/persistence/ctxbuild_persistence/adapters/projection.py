@@ -16,6 +16,7 @@ bypassed: the reply is folded from the events (``source: "fold"``), never stale.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -185,24 +186,21 @@ async def _write(conn: asyncpg.Connection, ch: Changes) -> None:
             [_dump_or_none(m.usage) for m in ch.messages], [m.position for m in ch.messages],
             [m.size_bytes(b) for m, b in zip(ch.messages, bodies, strict=True)],
             [m.clear_context for m in ch.messages])
-    if ch.summaries:
-        await conn.executemany(
-            "INSERT INTO persistence.compaction_summaries (conversation_id, boundary_id, summary, turn_id, "
-            "summarizer, folded_count, position) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            [(s.conversation_id, s.boundary_id, s.summary, s.turn_id, s.summarizer, s.folded_count, s.position)
-             for s in ch.summaries])
-    if ch.attachments:
-        await conn.executemany(
-            "INSERT INTO persistence.attachments (conversation_id, handle, seq, sha256, display_name, media_type, "
-            "size, uri, position) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            [(a.conversation_id, a.handle, a.seq, a.sha256, a.display_name, a.media_type, a.size, a.uri, a.position)
-             for a in ch.attachments])
-    if ch.file_refs:
-        await conn.executemany(
-            "INSERT INTO persistence.file_references (conversation_id, message_id, kind, ref, sha256, "
-            "tool_call_id, position) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            [(f.conversation_id, f.message_id, f.kind, f.ref, f.sha256, f.tool_call_id, f.position)
-             for f in ch.file_refs])
+    await _insert_rows(conn, "compaction_summaries", ch.summaries)
+    await _insert_rows(conn, "attachments", ch.attachments)
+    await _insert_rows(conn, "file_references", ch.file_refs)
+
+
+async def _insert_rows(conn: asyncpg.Connection, table: str, rows: Sequence[Any]) -> None:
+    """``rows`` (one row dataclass of ``domain/projection.py``, whose fields are the columns) into
+    ``persistence.<table>``."""
+    if not rows:
+        return
+    columns = [f.name for f in dataclasses.fields(rows[0])]
+    await conn.executemany(
+        f"INSERT INTO persistence.{table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f'${i}' for i in range(1, len(columns) + 1))})",
+        [tuple(getattr(r, c) for c in columns) for r in rows])
 
 
 async def read_events(conn: asyncpg.Connection, after: int, limit: int,

@@ -4,6 +4,7 @@ context, append), ``ctx.persist.read_stream`` and ``ctx.persist.read_all``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ctxbuild_codec.models.subjects.ctx_persist_append_reply import PersistAppendReply
 from ctxbuild_codec.models.subjects.ctx_persist_read_all_request import PersistReadAllRequest
@@ -57,13 +58,13 @@ def to_new_events(events: Sequence[AppendEvent], max_event_bytes: int, stream_id
     return out
 
 
+@dataclass
 class EventLog:
     """Append and read, with the service's limits (page size and byte budget capped by the settings)."""
 
-    def __init__(self, store: EventStore, settings: Settings, on_appended: Callable[[], None]) -> None:
-        self.store = store
-        self.settings = settings
-        self.on_appended = on_appended
+    store: EventStore
+    settings: Settings
+    on_appended: Callable[[], None]
 
     def limit_of(self, limit: int | None) -> int:
         return min(limit if limit is not None else self.settings.read_default_limit, self.settings.read_max_limit)

@@ -6,6 +6,7 @@ back from the blob store."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -54,18 +55,17 @@ async def resolve_messages(blobs: content_ref.BlobPort | None, conversation_id: 
                                             f"be read: {type(exc).__name__}") from exc
 
     out = list(messages)
-    for i, msg in zip(todo, await asyncio.gather(*(one(i) for i in todo))):
+    for i, msg in zip(todo, await asyncio.gather(*(one(i) for i in todo)), strict=True):
         out[i] = msg
     return out
 
 
+@dataclass
 class History:
-    def __init__(self, store: EventStore, settings: Settings, projector: Projector | None = None,
-                 blobs: content_ref.BlobPort | None = None) -> None:
-        self.store = store
-        self.settings = settings
-        self.projector = projector
-        self.blobs = blobs
+    store: EventStore
+    settings: Settings
+    projector: Projector | None = None
+    blobs: content_ref.BlobPort | None = None
 
     async def read(self, req: PersistHistoryRequest) -> HistoryReply:
         cid, anchor = req.conversationId, req.anchorId

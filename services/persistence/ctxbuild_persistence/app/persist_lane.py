@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -109,19 +110,17 @@ def completed_events(turn: Mapping[str, Any], messages: Sequence[dict[str, Any]]
     return out
 
 
+@dataclass
 class PersistLane:
     """``ctx.persist.complete_turn`` (the module doc tells the steps)."""
 
-    def __init__(self, store: EventStore, blobs: LaneBlobs,
-                 to_events: Callable[[Sequence[AppendEvent], str], list[NewEvent]],
-                 on_appended: Callable[[], None], *, promote_inflight_refs: bool = True,
-                 event_budget: int = 48 * 1024) -> None:
-        self.event_budget = event_budget  # messages' JSON per event, leaving room for metadata (trace context)
-        self.store = store
-        self.blobs = blobs
-        self.to_events = to_events
-        self.on_appended = on_appended
-        self.promote_inflight_refs = promote_inflight_refs
+    store: EventStore
+    blobs: LaneBlobs
+    to_events: Callable[[Sequence[AppendEvent], str], list[NewEvent]]
+    on_appended: Callable[[], None]
+    _: KW_ONLY
+    promote_inflight_refs: bool = True
+    event_budget: int = 48 * 1024  # messages' JSON per event, leaving room for metadata (trace context)
 
     async def complete_turn(self, req: CompleteTurnRequest) -> PersistCompleteTurnReply:
         cid, turn_id = req.conversationId, req.turnId
@@ -133,7 +132,7 @@ class PersistLane:
                 else plan_turn(messages, threshold)
             writes = blob_writes(plans)
             uris = await asyncio.gather(*(self.blobs.put(cid, w) for w in writes))
-            written = {(w.message_id, w.sha256): uri for w, uri in zip(writes, uris)}
+            written = {(w.message_id, w.sha256): uri for w, uri in zip(writes, uris, strict=True)}
             stored, report = apply_turn(messages, plans, written)
             try:
                 _valid_envelopes(stored)
@@ -146,7 +145,7 @@ class PersistLane:
                 pairs = inflight_offloads(messages)
                 ok = await asyncio.gather(*(self.blobs.ref(cid, mid, sha) for mid, sha in pairs))
                 promoted, failed_refs = sum(ok), len(ok) - sum(ok)
-                owners |= {mid for (mid, _), done in zip(pairs, ok) if done}
+                owners |= {mid for (mid, _), done in zip(pairs, ok, strict=True) if done}
             try:
                 small = await asyncio.gather(*(self.blobs.small_parts(cid, m, self.event_budget) for m in stored))
             except Exception as exc:
@@ -156,7 +155,7 @@ class PersistLane:
                             error=f"{type(exc).__name__}: {exc}"[:300])
                 raise DependencyUnavailable(f"persist lane: large message parts could not be stored: "
                                             f"{type(exc).__name__}") from exc
-            owners |= {m["id"] for m, s_ in zip(stored, small) if s_ is not m}
+            owners |= {m["id"] for m, s_ in zip(stored, small, strict=True) if s_ is not m}
             turn = {"eventId": str(req.eventId), "turnId": turn_id, "usage": req.usage, "metadata": req.metadata}
             events = completed_events(turn, small, self.event_budget)
             stream = conversation_stream(cid)
@@ -187,7 +186,7 @@ class PersistLane:
         do not name (e.g. the first attempt kept a full output while the blob store was down) are released, so
         the references match what was committed. Only the messages this attempt wrote blobs for are read back
         (their parts may be a content reference)."""
-        written = {w.message_id for w, uri in zip(writes, uris) if uri is not None}
+        written = {w.message_id for w, uri in zip(writes, uris, strict=True) if uri is not None}
         if not written:
             return
         try:
@@ -201,7 +200,7 @@ class PersistLane:
         except Exception as exc:  # noqa: BLE001 - keep the references (storage), never lose a named blob
             log.warning("release-skipped", error=f"{type(exc).__name__}: {exc}"[:200])
             return
-        for w, uri in zip(writes, uris):
+        for w, uri in zip(writes, uris, strict=True):
             if uri is not None and (w.message_id, w.sha256) not in named:
                 await self.blobs.release(w.message_id, w.sha256)
 
