@@ -24,7 +24,7 @@ import pytest
 from ctxbuild_codec import inflight_threshold, sha256_hex, trim_inflight, trim_persist
 from ctxbuild_codec.envelopes import inflate, render
 from ctxbuild_devstack import free_port
-from ctxbuild_orchestration.tools import SearxngBackend, web_fetch, web_search
+from ctxbuild_orchestration.adapters.web import SearxngBackend, web_fetch, web_search
 
 from tests.support.fake_searxng import FakeSearxng
 from tests.support.web_pages import PageServer

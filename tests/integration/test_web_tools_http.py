@@ -10,7 +10,7 @@ import re
 
 import pytest
 from ctxbuild_devstack import free_port
-from ctxbuild_orchestration.tools import (
+from ctxbuild_orchestration.adapters.web import (
     SearxngBackend,
     WebTools,
     WebToolSettings,

@@ -11,7 +11,7 @@ import re
 import jsonschema
 import pytest
 from ctxbuild_codec import deflate
-from ctxbuild_orchestration.tools import (
+from ctxbuild_orchestration.adapters.web import (
     WEB_FETCH,
     WEB_SEARCH,
     Entity,
@@ -32,9 +32,9 @@ from ctxbuild_orchestration.tools import (
     validate_url,
     web_search,
 )
-from ctxbuild_orchestration.tools.specs import _check_args
-from ctxbuild_orchestration.tools.web_fetch import charset_of, sniff
-from ctxbuild_orchestration.tools.web_search import entities_from_labelled_text
+from ctxbuild_orchestration.domain.web.pages import charset_of, sniff
+from ctxbuild_orchestration.domain.web.results import entities_from_labelled_text
+from ctxbuild_orchestration.domain.web.specs import _check_args
 from ctxbuild_platform.settings import ServiceSettings
 
 from tests.support.web_pages import ARTICLE

@@ -17,6 +17,7 @@ from faststream.nats.fastapi import NatsRouter
 
 from .adapters.auth import AuthConfig, Authenticator
 from .adapters.backends import Backends
+from .adapters.web import WebTools
 from .adapters.work_queue import QueueConfig, TurnQueue
 from .app.edge import Edge, EdgeLimits
 from .app.providers import check_provider, provider_factory
@@ -26,7 +27,6 @@ from .handlers import RunnerHandlers, register_runner
 from .routers import build_api, health, install_error_handlers
 from .routers.health import Readiness
 from .settings import Settings
-from .tools import WebTools
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -5,7 +5,7 @@ from typing import Any, Literal
 from ctxbuild_platform.settings import ServiceSettings
 from pydantic import Field, SecretStr, model_validator
 
-from .tools.settings import WebToolSettings
+from .domain.web.settings import WebToolSettings
 
 
 def retried(default: float, what: str, until: str) -> Any:

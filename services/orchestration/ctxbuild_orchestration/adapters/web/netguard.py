@@ -17,12 +17,12 @@ from typing import Any
 import httpcore
 import httpx
 
-from .outputs import WebToolError
+from ...domain.web.outputs import WebToolError
+from ...domain.web.specs import MAX_URL_CHARS
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 AddressPolicy = Callable[[IPAddress], "str | None"]  # an address → why it is refused, or None
 
-MAX_URL_CHARS = 8_192
 DEFAULT_LIMITS = httpx.Limits(max_connections=20, max_keepalive_connections=5)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _SHARED = ipaddress.IPv4Network("100.64.0.0/10")  # carrier-grade NAT: not global, not "private" either
