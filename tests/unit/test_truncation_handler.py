@@ -236,9 +236,8 @@ class SlowClient:
 
 async def test_a_slow_blob_put_times_out_into_the_inline_fallback():
     store = BlobStore(SlowClient(5.0), timeout_s=0.05, timeout_per_mib_s=0.0)  # type: ignore[arg-type]
-    t0 = time.perf_counter()
     reply = await truncate_step(payload({"type": "text", "value": BIG}), store)
-    assert time.perf_counter() - t0 < 4.0  # did not wait out the 5 s put
+    # the put timed out into the inline fallback (had it waited the 5 s out, the text would be offloaded)
     assert reply["parts"][0]["output"]["value"] == inline_truncate(BIG)
     assert reply["parts"][0]["offload"]["mode"] == "inline"
     quick = BlobStore(SlowClient(0.0), timeout_s=1.0)  # type: ignore[arg-type]
