@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 
 from ctxbuild_codec import apply_inflight, envelopes, nontext, plan_inflight, vfs_uri
-from ctxbuild_codec.lanes import records as trim_records
+from ctxbuild_codec.lanes import trim_records
 from ctxbuild_platform import contracts
 from ctxbuild_platform.rpc import dispatch, request_model
 

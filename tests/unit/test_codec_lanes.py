@@ -14,10 +14,10 @@ from ctxbuild_codec import (
     nontext,
     plan_inflight,
     plan_persist,
-    records,
     sha256_hex,
     trim_inflight,
     trim_persist,
+    trim_records,
     vfs_uri,
 )
 from ctxbuild_codec.envelopes import EnvelopeError, inflate, render, render_part
@@ -88,7 +88,7 @@ def test_inflight_failed_or_foreign_write_falls_back_to_inline():
         out = apply_inflight(part, plan, written)
         assert out["output"] == {"type": "text", "value": inline_truncate(LINES)}
         assert out["offload"] == {"mode": "inline", "totalChars": 3000, "totalLines": 301, "threshold": T}
-        assert [r.mode for r in records(plan, written)] == ["inline"]
+        assert [r.mode for r in trim_records(plan, written)] == ["inline"]
 
 
 def test_inflight_small_and_non_truncatable_outputs_untouched():
@@ -141,7 +141,7 @@ def test_inflight_entities_trims_each_content_and_keeps_the_citation_skeleton():
     assert json.dumps(out["output"]) == json.dumps({"type": "json", "value": expected})  # key order kept
     assert out["offload"] == {"mode": "offloaded", "totalChars": 5500, "totalLines": 302, "threshold": T}
     assert out["output"]["value"][0] is part["output"]["value"][0]
-    assert [(r.key, r.mode, r.uri, r.total_chars) for r in records(plan, {LINES_SHA: LINES_URI, C_SHA: C_URI})] \
+    assert [(r.key, r.mode, r.uri, r.total_chars) for r in trim_records(plan, {LINES_SHA: LINES_URI, C_SHA: C_URI})] \
         == [("/1/content", "offloaded", LINES_URI, 3000), ("/2/content", "offloaded", C_URI, 2500)]
 
 
@@ -177,7 +177,7 @@ def test_inflight_entities_failed_write_keeps_that_full_text():
     assert out["output"]["value"][1]["content"] == LINES and out["output"]["value"][2]["content"] == C_MARKER
     assert out["offload"] == {"mode": "offloaded", "totalChars": 2500, "totalLines": 1, "threshold": T}
     assert apply_inflight(part, plan, {}) is part  # nothing trimmed → the same part
-    assert records(plan, {}) == []
+    assert trim_records(plan, {}) == []
 
 
 def test_inflight_entities_policy_by_effective_name_and_fallback_to_opaque():

@@ -18,10 +18,10 @@ from ctxbuild_codec import (
     nontext,
     plan_inflight,
     plan_persist,
-    records,
     sha256_hex,
     trim_inflight,
     trim_persist,
+    trim_records,
     vfs_uri,
 )
 from ctxbuild_codec.envelopes import inflate, render, render_part
@@ -156,7 +156,7 @@ def test_a_large_image_with_a_short_text_is_offloaded_in_flight_with_the_text_wh
     assert "image not shown (content block 2 of 3, image/jpeg, 30000 bytes)" in out["output"]["value"]
     assert "uri" not in out["offload"] and out["offload"]["totalChars"] == len("here is the page\ndone")
     assert out["offload"]["original"]["sha256"] == osha and list(store.blobs) == [osha]
-    assert [r.original for r in records(plan_inflight(result(output), T), {osha: vfs_uri(osha)})] == [True]
+    assert [r.original for r in trim_records(plan_inflight(result(output), T), {osha: vfs_uri(osha)})] == [True]
     contracts.validate("model/offload.json", out["offload"])
     # the persist lane has no text to cut: it leaves the part to the in-flight lane
     assert plan_persist(result(output), T) is None
@@ -169,7 +169,7 @@ def test_original_not_written_keeps_everything():
     # in flight: the part stays whole (nothing dropped), no record
     plan = plan_inflight(part, T)
     written = {b.sha256: (None if b.sha256 == osha else b.uri) for b in plan.blobs}
-    assert apply_inflight(part, plan, written) == part and records(plan, written) == []
+    assert apply_inflight(part, plan, written) == part and trim_records(plan, written) == []
     # at persist: today's v1 envelope, which keeps metadata and every non-text block itself
     env = trim_persist(part, T, Store(fail={osha}))["output"]["value"]
     assert "original" not in env and env["metadata"] == {"structuredContent": {"a": 1}}
@@ -241,8 +241,8 @@ def test_tool_supplied_names_stay_on_one_line_and_markers_are_capped():
 
 def test_original_is_promoted_and_kept_by_the_readers_of_offload():
     """The persist lane promotes it to a tool_output reference; compaction keeps its URI and markers."""
-    from ctxbuild_compaction.domain.context import persisted_uris
     from ctxbuild_codec.masking import masked_part as _masked_offloaded
+    from ctxbuild_compaction.domain.context import persisted_uris
     from ctxbuild_persistence.app.persist_lane import _named_blobs, inflight_offloads
 
     output = mcp(BLOCKS["image"])

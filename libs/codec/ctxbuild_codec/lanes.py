@@ -384,7 +384,7 @@ def apply_inflight(part: Mapping[str, Any], plan: TrimPlan, written: Mapping[str
     return out
 
 
-def records(plan: TrimPlan, written: Mapping[str, str | None]) -> list[TrimRecord]:
+def trim_records(plan: TrimPlan, written: Mapping[str, str | None]) -> list[TrimRecord]:
     """One record per cut that changed the output (in flight: a failed entity write changed nothing)."""
     ocut = plan.output_cut
     if ocut is not None and written_uri(ocut, written) is None and plan.lane == "inflight":

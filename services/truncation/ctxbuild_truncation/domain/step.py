@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxbuild_codec import BlobToWrite, TrimPlan, apply_inflight, plan_inflight, records
+from ctxbuild_codec import BlobToWrite, TrimPlan, apply_inflight, plan_inflight, trim_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ def _with_blobs(out: dict[str, Any], plan: TrimPlan, written: Mapping[str, str |
     offload = out.get("offload")
     if plan.route == "codec" and isinstance(offload, dict) and offload.get("mode") == "offloaded":
         offload["blobs"] = [{"key": r.key, "uri": r.uri, "sha256": r.sha256, "totalChars": r.total_chars,
-                             "totalLines": r.total_lines} for r in records(plan, written) if r.mode == "offloaded"]
+                             "totalLines": r.total_lines} for r in trim_records(plan, written) if r.mode == "offloaded"]
     return out
 
 
@@ -92,7 +92,7 @@ def apply_step(parts: Sequence[Mapping[str, Any]], plan: StepPlan, written: Mapp
             continue
         out.append(_with_blobs(apply_inflight(part, p, written), p, written))
         call_id = str(part.get("toolCallId", ""))
-        for r in records(p, written):
+        for r in trim_records(p, written):
             row: dict[str, Any] = {"toolCallId": call_id, "mode": r.mode, "key": r.key}
             if r.uri:
                 row["uri"] = r.uri
