@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from ctxbuild_codec.contract_models import parse
+from ctxbuild_codec.contract_models import dump, parse
 from ctxbuild_codec.models.subjects.ctx_turn_abort_request import TurnAbortNotice
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
@@ -22,6 +22,11 @@ def abort_notice(body: Any) -> TurnAbortNotice:
     """A decoded notice as its contract has it (InvalidPayload when it is not one)."""
     contracts.validate(ABORT_SCHEMA, body)
     return parse(TurnAbortNotice, body)
+
+
+async def publish_abort(broker: Any, notice: TurnAbortNotice) -> None:
+    """The wake-up for whichever replica runs the turn (every replica hears it)."""
+    await broker.publish(dump(notice), ABORT_SUBJECT)
 
 
 def subscribe_aborts(router: NatsRouter, handle: Callable[[TurnAbortNotice], Awaitable[None]]) -> None:

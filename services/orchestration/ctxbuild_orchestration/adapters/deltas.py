@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from ctxbuild_codec.contract_models import parse
+from ctxbuild_codec.contract_models import dump, parse
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
@@ -21,6 +21,11 @@ def text_delta(raw: bytes) -> TurnTextDelta:
     body = json.loads(raw)
     contracts.validate(DELTA_SCHEMA, body)
     return parse(TurnTextDelta, body)
+
+
+async def publish_delta(broker: Any, delta: TurnTextDelta) -> None:
+    """Fire and forget (core NATS): a lost delta costs nothing, the step's assistant message is the record."""
+    await broker.publish(dump(delta), f"{DELTA_SUBJECT}.{delta.turnId}")
 
 
 class DeltaFeed:

@@ -14,13 +14,14 @@ from typing import Any
 
 import structlog
 from ctxbuild_blobclient import content_ref
+from ctxbuild_codec.models.subjects.ctx_turn_abort_request import TurnAbortNotice
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.text import first_bad_text
 from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
 from ..adapters import content
-from ..adapters.aborts import ABORT_SUBJECT
+from ..adapters.aborts import publish_abort
 from ..adapters.auth import Authenticator
 from ..adapters.backends import Backends, new_event
 from ..adapters.deltas import DeltaFeed
@@ -400,7 +401,7 @@ class Edge:
         if not st.started:  # no runner holds it: a runner picking it up now finds the end (or the abort)
             await self.backends.append(stream, [aborted(turn_id, reason, "before it started")])
             return {"turnId": turn_id, "status": "aborted"}
-        await self.backends.rpc.broker.publish({"turnId": turn_id, "reason": reason}, ABORT_SUBJECT)
+        await publish_abort(self.backends.rpc.broker, TurnAbortNotice(turnId=turn_id, reason=reason))
         task = asyncio.create_task(self.end_if_unended(turn_id, reason), name=f"abort:{turn_id}")
         self.watchdogs.add(task)
         task.add_done_callback(self.watchdogs.discard)

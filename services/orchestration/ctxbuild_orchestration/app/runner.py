@@ -31,6 +31,7 @@ import structlog
 from ctxbuild_blobclient import content_ref
 from ctxbuild_codec.budgets import input_room
 from ctxbuild_codec.envelopes import render_part
+from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_codec.tokens import count_messages, count_text
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
@@ -42,7 +43,7 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
 from ..adapters import content
 from ..adapters.backends import Backends, not_delivered, patiently, transient
-from ..adapters.deltas import DELTA_SUBJECT
+from ..adapters.deltas import publish_delta
 from ..domain.arguments import argument_error, invalid_arguments_output
 from ..domain.steps import tool_result
 from ..domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
@@ -422,8 +423,8 @@ class TurnRunner:
             if not text:
                 return
             try:
-                await self.backends.rpc.broker.publish(
-                    {"turnId": turn_id, "step": step, "seq": seq, "text": text}, f"{DELTA_SUBJECT}.{turn_id}")
+                await publish_delta(self.backends.rpc.broker,
+                                    TurnTextDelta(turnId=turn_id, step=step, seq=seq, text=text))
                 seq += 1
             except Exception as exc:  # noqa: BLE001 - streaming is a courtesy, the turn must go on
                 log.debug("delta-not-sent", turn_id=turn_id, error=str(exc))
