@@ -14,6 +14,11 @@ def retried(default: float, what: str, until: str) -> Any:
     return Field(default, ge=0, description=f"runner: how long {what} is retried{sep}{until}")
 
 
+def one_call(default: float, what: str, then: str) -> Any:
+    """A runner timeout in seconds (> 0): how long one ``what`` may take, and ``then`` what happens past it."""
+    return Field(default, gt=0, description=f"runner: one {what}; {then}")
+
+
 class Settings(ServiceSettings, WebToolSettings):
     service_name: str = "orchestration"
     role: Literal["all", "edge", "runner"] = Field(
@@ -37,20 +42,20 @@ class Settings(ServiceSettings, WebToolSettings):
                                         "while persistence/Postgres is away")
     terminal_patience_s: float = retried(600.0, "a turn's terminal event",
                                          "; then the command is handed back (resumed or ended later)")
-    compaction_timeout_s: float = Field(120.0, gt=0, description="runner: one compaction call (an llm summarizer "
-                                        "is a model call); past it the runner fits the window in-process")
-    truncate_attempt_timeout_s: float = Field(15.0, gt=0, description="runner: one ctx.truncate.step attempt "
-                                              "(+1 s per 4 MiB of outputs); a timed-out attempt is sent again")
+    compaction_timeout_s: float = one_call(120.0, "compaction call (an llm summarizer is a model call)",
+                                           "past it the runner fits the window in-process")
+    truncate_attempt_timeout_s: float = one_call(15.0, "ctx.truncate.step attempt (+1 s per 4 MiB of outputs)",
+                                                 "a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")
     blob_patience_s: float = retried(30.0, "an idempotent blob-store call (a turn's large content, reads)",
                                      "while the blob store or S3 is away")
     keep_request_patience_s: float = retried(20.0, "a served request's blob write",
                                              "before StepServed records it missing")
-    abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
-                                 "this long is ended by the edge (one terminal event id either way)")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"
     sse_poll_s: float = Field(0.2, description="SSE: how often to read new turn events when no wake-up arrives")
+    abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
+                                 "this long is ended by the edge (one terminal event id either way)")
     tool_timeout_s: float = 60.0
     openai_base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint (vLLM, Ollama, Gemini, …); unset = api.openai.com")
