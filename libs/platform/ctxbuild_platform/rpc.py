@@ -23,7 +23,8 @@ from typing import Annotated, Any
 
 import structlog
 from ctxbuild_codec.contract_models import dump, subject_model
-from faststream._internal.context import Context  # the class behind faststream.Context(): subclassed below
+from fast_depends.library import CustomField
+from faststream import Context
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
 from nats.errors import MaxPayloadError, NoRespondersError
@@ -112,14 +113,23 @@ async def dispatch(subject: str, raw: bytes, fn: Handler, model: type[BaseModel]
         return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500], "retryable": False}}
 
 
-class _LoopContext(Context):
-    """FastStream's ``Context`` resolved on the event loop. fast_depends runs a custom field's synchronous ``use``
-    on a worker thread — for ``NatsMessage`` that was a thread hop per request (~0.1 ms, more on a busy machine);
-    an async ``use`` is awaited in place. The handler's signature is unchanged for FastStream (a context
-    parameter, no payload schema), so the generated AsyncAPI document stays the same."""
+class OnLoop(CustomField):
+    """A FastStream context parameter (``Context("message")``) resolved on the event loop. fast_depends awaits an
+    async ``use`` of a custom field in place and runs a synchronous one — FastStream's ``Context`` — on a worker
+    thread: a thread hop per request, which queues behind every other use of the thread pool. Only public API:
+    fast_depends' documented ``CustomField`` extension point wrapping ``faststream.Context``. The parameter stays
+    a context parameter for FastStream (no payload schema), so the generated AsyncAPI document is unchanged."""
 
-    async def use(self, /, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-        return super().use(**kwargs)
+    def __init__(self, name: str) -> None:
+        self.context = Context(name)
+        super().__init__(cast=self.context.cast, required=self.context.required)
+
+    def set_param_name(self, name: str) -> OnLoop:
+        self.context.set_param_name(name)
+        return super().set_param_name(name)
+
+    async def use(self, /, **kwargs: Any) -> dict[str, Any]:
+        return self.context.use(**kwargs)
 
 
 async def raw_body(message: NatsMessage) -> bytes:
@@ -136,7 +146,7 @@ def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         async def run(raw: bytes) -> bytes:
             return claims.encode_json(await dispatch(subject, raw, fn, model))
 
-        async def handler(message: Annotated[NatsMessage, _LoopContext("message")]) -> bytes:
+        async def handler(message: Annotated[NatsMessage, OnLoop("message")]) -> bytes:
             return await claims.answer(broker, message, run)
 
         handler.__name__ = fn.__name__
