@@ -1,14 +1,16 @@
 """Typed handlers: ``@rpc`` parses the request into the subject's generated model and dumps a reply model, against
-the repository's real contracts (ctx.persist.read_stream)."""
+the repository's real contracts (ctx.persist.read_stream); and it hands a request to its handler on the event loop."""
 
 import json
 
+import anyio.to_thread
 import pytest
 from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
 from ctxbuild_codec.models.subjects.ctx_persist_read_stream_reply import PersistReadStreamReply
 from ctxbuild_codec.models.subjects.ctx_persist_read_stream_request import PersistReadStreamRequest
-from ctxbuild_platform import contracts
-from ctxbuild_platform.rpc import dispatch, request_model
+from ctxbuild_platform import claims, contracts
+from ctxbuild_platform.rpc import dispatch, request_model, rpc
+from faststream.nats import NatsBroker, TestNatsBroker
 
 SUBJECT = "ctx.persist.read_stream"
 
@@ -58,3 +60,28 @@ def test_an_untyped_handler_takes_the_plain_value():
         return payload
 
     assert request_model(SUBJECT, plain) is None
+
+
+# The message parameter of @rpc's subscriber (``OnLoop``, a public fast_depends ``CustomField`` around
+# ``faststream.Context("message")``) is resolved on the event loop: no worker-thread hop per request. Pinned through
+# FastStream's in-memory test broker: if FastStream or fast_depends change how a custom field is resolved, this
+# fails (the reply still comes, but through a worker thread).
+
+async def test_a_request_reaches_its_handler_without_a_worker_thread(monkeypatch):
+    hops = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func, *args, **kwargs):
+        hops.append(getattr(func, "__qualname__", repr(func)))
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    # the in-memory broker's connection has no max_payload: every reply here is small enough to go inline
+    monkeypatch.setattr(claims.ClaimStore, "inline_limit", lambda self: 1 << 20)
+    broker = NatsBroker(logger=None)
+    rpc(broker, SUBJECT, queue="persistence")(handler)
+    async with TestNatsBroker(broker) as br:
+        reply = await br.request(json.dumps({"streamId": "turn:t1"}).encode(), SUBJECT, timeout=5)
+    assert json.loads(reply.body) == {
+        "result": {"streamId": "turn:t1", "events": [], "lastVersion": 0, "nextVersion": 1, "more": False}}
+    assert hops == []
