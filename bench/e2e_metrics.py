@@ -208,6 +208,20 @@ def untrimmed_steps(events: Sequence[Mapping[str, Any]], script: Sequence[Mappin
     return added
 
 
+UNPARSABLE = object()
+
+
+def json_value(value: Any) -> Any:
+    """A JSON value that may arrive as its JSON text (a served ``json`` output, a stored skeleton): parsed when it
+    is a string (``UNPARSABLE`` when that string is not JSON), any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return UNPARSABLE
+
+
 # ---------------------------------------------------------------- citations (entities, SPEC §4)
 
 def entity_items(output: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -218,11 +232,7 @@ def entity_items(output: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         value = value.get("skeleton")
     elif kind != "json":
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
+    value = json_value(value)  # UNPARSABLE is not a list either
     if not isinstance(value, list) or not all(isinstance(i, Mapping) for i in value):
         return None
     return list(value)
@@ -301,17 +311,8 @@ def same_output(original: Mapping[str, Any], readback: Mapping[str, Any]) -> boo
     a, b = original.get("value"), readback.get("value")
     if isinstance(a, str) and original.get("type") in ("text", "error-text"):
         return isinstance(b, str) and a.encode() == b.encode()
-    if isinstance(b, str):
-        try:
-            b = json.loads(b)
-        except json.JSONDecodeError:
-            return False
-    if isinstance(a, str):
-        try:
-            a = json.loads(a)
-        except json.JSONDecodeError:
-            return False
-    return canonical(a) == canonical(b)
+    a, b = json_value(a), json_value(b)
+    return a is not UNPARSABLE and b is not UNPARSABLE and canonical(a) == canonical(b)
 
 
 # ---------------------------------------------------------------- persisted history (kill test)

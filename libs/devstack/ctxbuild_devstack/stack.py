@@ -131,21 +131,12 @@ class Stack:
     adopted: dict[str, int] = field(default_factory=dict)  # extra processes (replicas) the watchdog also kills
     watchdog_pid: int | None = None
 
-    @property
-    def state_file(self) -> Path:
-        return self.root / "state.json"
-
-    @property
-    def env_file(self) -> Path:
-        return self.root / "stack.env"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def api_key_file(self) -> Path:
-        return self.root / "api-key"
+    def __post_init__(self) -> None:
+        # where under the root the stack keeps its description, the services' environment, logs and local API key
+        self.state_file: Path = self.root / "state.json"
+        self.env_file: Path = self.root / "stack.env"
+        self.logs: Path = self.root / "logs"
+        self.api_key_file: Path = self.root / "api-key"
 
     # ---------- persistence of the stack description ----------
     @classmethod
@@ -468,30 +459,24 @@ class Stack:
             # grace then SIGKILL loses nothing that was acknowledged
             timeout = min(timeout, 3)
         pid = info["pid"]
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.alive(name):
+
+        def signal_and_wait(sig: int, within: float, poll: float) -> None:
             try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.05)
-        if self.alive(name):
-            try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
-            # gone before we return: a restart right after must find its port free
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + within
             while time.monotonic() < deadline and self.alive(name):
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-                time.sleep(0.02)
+                time.sleep(poll)
+
+        signal_and_wait(sig, timeout, 0.05)
+        if self.alive(name):
+            # gone before we return: a restart right after must find its port free
+            signal_and_wait(signal.SIGKILL, 10, 0.02)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
