@@ -4,7 +4,7 @@ records every payload crossing a ctx.* subject (and the replies to them) for con
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import nats
@@ -13,6 +13,8 @@ import pytest_asyncio
 from ctxbuild_devstack import SERVICES, free_port
 
 from tests.support.fake_openai import FakeOpenAI
+from tests.support.server import ThreadedServer
+from tests.support.web_pages import PageServer
 
 
 @dataclass
@@ -22,12 +24,22 @@ class Tap:
     events: list[tuple[str, bytes]] = field(default_factory=list)  # ctx.evt.<Type> publishes
 
 
+def serving(server: ThreadedServer) -> Iterator[ThreadedServer]:
+    """A fixture's body for a local server: started for the fixture's scope, stopped after it."""
+    yield server.start()
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def fake_openai():
     """A local server speaking the OpenAI chat-completions wire format (the one replaced part: the model)."""
-    server = FakeOpenAI(free_port()).start()
-    yield server
-    server.stop()
+    yield from serving(FakeOpenAI(free_port()))
+
+
+@pytest.fixture(scope="module")
+def page_server():
+    """A local web server for the module's ``web_fetch`` pages (register them with ``add``)."""
+    yield from serving(PageServer(free_port()))
 
 
 @pytest.fixture(scope="session")

@@ -17,17 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ctxbuild_devstack import free_port
 from ctxbuild_devstack.replica import Replica
 from ctxbuild_mcp_catalog.domain.tool_ids import tool_id
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
 
 from tests.support.auth import AUTH
 from tests.support.bulky_mcp_server import catalogue, png_bytes
-from tests.support.server import ThreadedServer
 
 pytestmark = pytest.mark.e2e
 
@@ -45,29 +39,16 @@ def big_output(turn: int) -> str:
     return line * (OUTPUT_CHARS // len(line)) + f"END OF TURN {turn}\n"
 
 
-class Pages(ThreadedServer):
+def report_page() -> str:
     """One ~5 MB plain-text page."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(Starlette(routes=[Route("/{path:path}", self.page)]), port)
-
-    @staticmethod
-    def text() -> str:
-        line = "a very long field report with many observations and careful citations of sources\n"
-        return line * (PAGE_BYTES // len(line))
-
-    async def page(self, request: Request) -> PlainTextResponse:
-        return PlainTextResponse(self.text())
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
+    line = "a very long field report with many observations and careful citations of sources\n"
+    return line * (PAGE_BYTES // len(line))
 
 
 @pytest.fixture(scope="module")
-def pages():
-    server = Pages(free_port()).start()
-    yield server
-    server.stop()
+def pages(page_server):
+    page_server.add("report", report_page(), "text/plain; charset=utf-8")
+    return page_server
 
 
 @pytest.fixture(scope="module")
