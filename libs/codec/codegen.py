@@ -61,6 +61,8 @@ OPTIONS = [
     "--use-schema-description",
     "--disable-timestamp",
     "--formatters", "builtin",
+    # open objects keep their other members (extra="allow"); closed ones still set extra="forbid" themselves
+    "--base-class", "ctxbuild_codec.contract_base.ContractModel",
 ]
 
 

@@ -47,18 +47,9 @@ ACCEPTS_NOTHING = {
     "subjects/ctx.mcp.cancel.reply.json": "`not: {}`: a notification, never replied to",
     "subjects/ctx.mcp.tools_changed.reply.json": "`not: {}`: a notification, never replied to",
 }
-# An object schema with `properties` and no `additionalProperties: false` accepts other members (JSON Schema's
-# default), but its generated model ignores them (pydantic's default extra="ignore"): they are dropped on parse,
-# so dump() loses them — a required member the schema names only in `required` (get_result's `output.value`)
-# included. Fix in libs/codec/codegen.py (such objects → extra="allow") and regenerate; the xfail is strict, so
-# the fix shows here. (The schemas are right: these objects are open on purpose.)
-OPEN_OBJECT_DROPS_MEMBERS = ("an open object (no additionalProperties: false) loses members the model does not "
-                             "name: codegen gives it pydantic's extra='ignore'")
-DIVERGENT = {
-    "subjects/ctx.blob.get_result.reply.json": OPEN_OBJECT_DROPS_MEMBERS + " (output.value)",
-    "subjects/ctx.compact.in_loop.request.json": OPEN_OBJECT_DROPS_MEMBERS + " (retained)",
-    "subjects/ctx.compact.in_loop.reply.json": OPEN_OBJECT_DROPS_MEMBERS + " (decision.foldInput)",
-}
+# Schemas whose models knowingly disagree with them, with the reason (none today: open objects — properties and no
+# `additionalProperties: false` — keep their other members through ContractModel's extra="allow").
+DIVERGENT: dict[str, str] = {}
 
 
 @cache

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TypedError(BaseModel):
+class TypedError(ContractModel):
     """
     Every error reply on NATS: a machine code, a human message, and whether retrying may help.
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 from . import error as error_1
 
 
-class ReplyEnvelope1(BaseModel):
+class ReplyEnvelope1(ContractModel):
     """
     The wire shape of every request/reply answer: exactly one of result (validated by the subject's .reply.json) or error, or — when that answer is over the inline limit — a claim naming it in the claim store (JetStream Object Store; the client reads it, checks size and sha256, and deletes it).
     """
@@ -21,7 +22,7 @@ class ReplyEnvelope1(BaseModel):
     result: Any
 
 
-class ReplyEnvelope2(BaseModel):
+class ReplyEnvelope2(ContractModel):
     """
     The wire shape of every request/reply answer: exactly one of result (validated by the subject's .reply.json) or error, or — when that answer is over the inline limit — a claim naming it in the claim store (JetStream Object Store; the client reads it, checks size and sha256, and deletes it).
     """
@@ -32,7 +33,7 @@ class ReplyEnvelope2(BaseModel):
     error: error_1.TypedError
 
 
-class Claim(BaseModel):
+class Claim(ContractModel):
     """
     The reply envelope ({result} or {error}), encoded as JSON, stored under key.
     """
@@ -52,7 +53,7 @@ class Claim(BaseModel):
     ]
 
 
-class ReplyEnvelope3(BaseModel):
+class ReplyEnvelope3(ContractModel):
     """
     The wire shape of every request/reply answer: exactly one of result (validated by the subject's .reply.json) or error, or — when that answer is over the inline limit — a claim naming it in the claim store (JetStream Object Store; the client reads it, checks size and sha256, and deletes it).
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import nontext_part
 
 
-class Original(BaseModel):
+class Original(ContractModel):
     """
     mcp-content with non-text parts (SPEC §15.1): the whole original output (every block, image/audio data included, and the metadata / structuredContent) is a blob of its own, its compact JSON, read back byte-identical; `metadata` and `blocks` are then not stored here. The model sees the text marker followed by one marker per entry of `parts`.
     """
@@ -37,7 +38,7 @@ class Original(BaseModel):
     ]
 
 
-class PersistedOutputV1(BaseModel):
+class PersistedOutputV1(ContractModel):
     """
     Persisted tool output, single blob (SPEC §7): the full text lives in the blob store under fileEntryId; the stored fields render back to exactly the in-flight marker. Additive changes only: every envelope ever stored must keep validating.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class BlobRef(BaseModel):
+class BlobRef(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -33,7 +34,7 @@ class BlobRef(BaseModel):
     totalLines: Annotated[int, Field(ge=1)]
 
 
-class PersistedOutputV2(BaseModel):
+class PersistedOutputV2(ContractModel):
     """
     Persisted structured tool output, one blob per offloaded text field (SPEC §7): the skeleton keeps every identity field (citation id/url/title) with snippet(text) in place of each offloaded text; blobRefs say where each full text lives. Additive changes only.
     """

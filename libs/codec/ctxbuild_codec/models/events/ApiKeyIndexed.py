@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ApiKeyIndexed(BaseModel):
+class ApiKeyIndexed(ContractModel):
     """
     Stream apikeys: one per issued key, so GET /v1/keys can list them (each key's own stream apikey:<keyId> holds its record).
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Limits(BaseModel):
+class Limits(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class Limits(BaseModel):
     maxRunningTurns: Annotated[int | None, Field(ge=1)] = None
 
 
-class ApiKeyIssued(BaseModel):
+class ApiKeyIssued(ContractModel):
     """
     Stream apikey:<keyId>, first event (expectedVersion 0): an API key ctx_<keyId>_<secret> of a tenant (POST /v1/keys). Holds the secret's argon2id hash (PHC string), never the secret: the key is shown once, in the creation reply (SPEC §15.3).
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ApiKeyRevoked(BaseModel):
+class ApiKeyRevoked(ContractModel):
     """
     Stream apikey:<keyId>: the key is revoked (DELETE /v1/keys/{keyId}); every edge replica refuses it within CTX_AUTH_CACHE_S.
     """

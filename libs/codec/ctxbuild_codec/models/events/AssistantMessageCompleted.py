@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import message
 from ..model import usage as usage_1
 
 
-class AssistantMessageCompleted(BaseModel):
+class AssistantMessageCompleted(ContractModel):
     """
     Stream conversation:<id>: the assistant and tool messages of one turn, in order. Written by ctx.persist.complete_turn (the persist lane: oversized tool outputs stored as `persisted` v1/v2 envelopes, full texts in the blob store with tool_output references to the message) or appended as is with ctx.persist.append. Messages without turnId take the event's. Events stay small (≤ 64 KiB, SPEC §15.1): the lane stores a message's parts over 16 KiB of JSON as one content reference (contracts/model/content-ref.json, owned tool_output by the message) and spreads a large turn over several consecutive AssistantMessageCompleted events (messages in order, `usage` on the last); ctx.persist.history returns the parts resolved.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Attachment(BaseModel):
+class Attachment(ContractModel):
     model_config = ConfigDict(
         extra="allow",
     )
@@ -20,7 +21,7 @@ class Attachment(BaseModel):
     uri: str | None = None
 
 
-class AttachmentAdded(BaseModel):
+class AttachmentAdded(ContractModel):
     """
     Stream conversation:<id>: a file attached to the conversation; the handle is unique per conversation (assigned by ctx.blob.attach).
     """

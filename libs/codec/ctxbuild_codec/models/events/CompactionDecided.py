@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import AwareDatetime, ConfigDict, Field
 
 
-class CompactionDecided(BaseModel):
+class CompactionDecided(ContractModel):
     """
     Stream turn:<turnId>: a compaction decision/progress (SPEC §8.10, §9). The runner records one per turn start and one per in-loop fold (or failed/skipped fold) between steps.
     """

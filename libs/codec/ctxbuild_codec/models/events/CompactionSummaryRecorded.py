@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CompactionSummaryRecorded(BaseModel):
+class CompactionSummaryRecorded(ContractModel):
     """
     Stream conversation:<id>: a durable (turn-start) compaction summary stored once at its boundary message (SPEC §8.8). The event id is derived from (conversation, boundary), so a second store of the same boundary is a duplicate: the first summary per boundary wins.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ConversationCreated(BaseModel):
+class ConversationCreated(ContractModel):
     """
     Stream conversation:<conversationId>, first event (expectedVersion 0).
     """

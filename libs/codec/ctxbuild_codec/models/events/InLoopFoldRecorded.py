@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import content_ref
 
 
-class InLoopFoldRecorded(BaseModel):
+class InLoopFoldRecorded(ContractModel):
     """
     Stream turn:<turnId>: the durable in-loop fold checkpoint (SPEC §9) after a fold. The first consumedCount messages of the turn are served as compactedPrefix; a turn resumed on another replica reads the newest one back instead of folding again.
     """

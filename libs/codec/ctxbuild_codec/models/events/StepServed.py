@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import message
 from ..model import usage as usage_1
 
 
-class Request(BaseModel):
+class Request(ContractModel):
     """
     the request bytes kept as a blob of the turn (sha256 = requestHash); GET …/turns/{id}/steps/{step}/request
     """
@@ -23,7 +24,7 @@ class Request(BaseModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class StepServed(BaseModel):
+class StepServed(ContractModel):
     """
     Stream turn:<turnId>: one provider request was rendered and sent.
     """

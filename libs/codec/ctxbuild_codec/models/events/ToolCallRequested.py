@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ToolCallRequested(BaseModel):
+class ToolCallRequested(ContractModel):
     """
     Stream turn:<turnId>: the model asked for a tool call.
     """

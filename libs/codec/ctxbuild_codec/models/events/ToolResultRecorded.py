@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import content_ref
 from ..model import offload as offload_1
 from ..model import tool_output
 
 
-class ToolResultRecorded(BaseModel):
+class ToolResultRecorded(ContractModel):
     """
     Stream turn:<turnId>: a tool's result as served in flight (after truncation).
     """

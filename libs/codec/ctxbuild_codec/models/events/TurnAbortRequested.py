@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnAbortRequested(BaseModel):
+class TurnAbortRequested(ContractModel):
     """
     Stream turn:<turnId>: a client asked to stop the turn. The runner reads it at pick-up and when its next event meets it as a version conflict (and is woken at once by ctx.turn.abort); the turn then ends with TurnFailed(code=aborted).
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnAdmitted(BaseModel):
+class TurnAdmitted(ContractModel):
     """
     Stream conversation-turns:<conversationId>: the edge admitted a turn on the conversation (POST …/turns or regenerate). Appended with the stream's expected version before the turn is queued, after checking that the previously admitted turn has ended: of two concurrent requests one is admitted and the other gets 409, so at most one turn per conversation runs at a time (SPEC §15.3).
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import content_ref
 
 
-class TurnCompleted(BaseModel):
+class TurnCompleted(ContractModel):
     """
     Stream turn:<turnId>: the turn finished; messageIds = the messages stored for it.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnFailed(BaseModel):
+class TurnFailed(ContractModel):
     """
     Stream turn:<turnId>: the turn ended with a typed error.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ScriptRef(BaseModel):
+class ScriptRef(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class ScriptRef(BaseModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class Provider(BaseModel):
+class Provider(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -27,7 +28,7 @@ class Provider(BaseModel):
     scriptRef: ScriptRef | None = None
 
 
-class TurnQueued(BaseModel):
+class TurnQueued(ContractModel):
     """
     Stream turn:<turnId>, first event: the turn command (what to run). Appended by the edge before the command goes on the work queue (ctx.turn.run); every runner replica reads it from here, so a resumed turn runs exactly what was accepted. Never holds a secret: providers are named by kind/model, a large replay script by its blob (scriptRef).
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnResumed(BaseModel):
+class TurnResumed(ContractModel):
     """
     Stream turn:<turnId>: a runner replica picked up a turn another attempt started and did not finish (SIGKILL, drain); it continues from fromStep with the recorded steps and tool results.
     """

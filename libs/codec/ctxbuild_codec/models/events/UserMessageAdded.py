@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict
 
 from ..model import message as message_1
 
 
-class UserMessageAdded(BaseModel):
+class UserMessageAdded(ContractModel):
     """
     Stream conversation:<id>: a message added by the front end (normally role user). Without a parentId key the message hangs under the previously added message; parentId null = a root. Large parts travel by content reference (the event stays ≤ 64 KiB); ctx.persist.history returns them resolved.
     """

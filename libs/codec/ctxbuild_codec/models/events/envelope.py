@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from . import metadata as metadata_1
 
 
-class RecordedEvent(BaseModel):
+class RecordedEvent(ContractModel):
     """
     An event as stored by persistence: returned by ctx.persist.read_stream / read_all and published by the outbox relay as the body of JetStream stream CTX_EVENTS, subject ctx.evt.<type>, header Nats-Msg-Id = eventId. `data` is validated against contracts/events/<type>.json when that contract exists.
     """

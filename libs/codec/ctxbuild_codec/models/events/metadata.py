@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class EventMetadata(BaseModel):
+class EventMetadata(ContractModel):
     """
     Event metadata. persistence stamps the W3C trace context of the append (traceparent/tracestate) unless the caller set it; the relay forwards those as NATS headers. Other keys are the caller's.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class ContentRef1(BaseModel):
+class ContentRef1(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -18,7 +19,7 @@ class ContentRef1(BaseModel):
     mediaType: Literal["application/json"]
 
 
-class ContentRef(BaseModel):
+class ContentRef(ContractModel):
     """
     A JSON value stored as one content-addressed blob (its compact JSON bytes, key order kept) instead of inline: events stay small (SPEC §15.1). Readers resolve it through the blob store and check the sha256.
     """

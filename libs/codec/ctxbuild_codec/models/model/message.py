@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from . import content_ref, part
 from . import usage as usage_1
 
 
-class Message(BaseModel):
+class Message(ContractModel):
     """
     A conversation message (SPEC §1). Conversations are trees: parentId links to the previous message on the path.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class NontextPart(BaseModel):
+class NontextPart(ContractModel):
     """
     One part of a tool output that its joined text does not show (SPEC §15.1): a non-text MCP content block (image, audio, resource, resource_link, or a text block with extra fields) or a metadata entry (structuredContent). Only what its marker names; the data is in the original output's blob.
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from . import nontext_part
 
 
-class Original(BaseModel):
+class Original(ContractModel):
     """
     SPEC §15.1: the original output kept in the blob store, read back byte-identical (ctx.blob.get_result with this record). `of: output` — a `content` output with non-text parts (images, audio, resources, resource links, structuredContent): the blob is the whole output's compact JSON, and the model sees one marker per entry of `parts` after the text (which may be untrimmed: then `uri`/`sha256` are absent and the totals are the text's). `of: value` — a `json`/`error-json` output: the blob is the offloaded text itself, its value's compact JSON.
     """
@@ -31,7 +32,7 @@ class Original(BaseModel):
     parts: list[nontext_part.NontextPart] | None = None
 
 
-class Blob(BaseModel):
+class Blob(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -47,7 +48,7 @@ class Blob(BaseModel):
     totalLines: Annotated[int, Field(ge=1)]
 
 
-class Offload(BaseModel):
+class Offload(ContractModel):
     """
     Typed provenance: set by ctxbuild when it trimmed a tool result and offloaded the full text. Never inferred from text. A single-blob offload (opaque lane) names its blob in `uri`/`sha256`; a codec offload (entities, text-field: one blob per trimmed field) names every blob in `blobs`, and its totals cover the offloaded fields. `original` names the blob of a non-text or JSON output's original (SPEC §15.1).
     """

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 from . import offload as offload_1
 from . import tool_output
 
 
-class Part3(BaseModel):
+class Part3(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -23,7 +24,7 @@ class Part3(BaseModel):
     text: str
 
 
-class Part4(BaseModel):
+class Part4(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -39,7 +40,7 @@ class Part4(BaseModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class Part5(BaseModel):
+class Part5(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -53,7 +54,7 @@ class Part5(BaseModel):
     input: Any
 
 
-class Part6(BaseModel):
+class Part6(ContractModel):
     """
     One part of a message (SPEC §1).
     """

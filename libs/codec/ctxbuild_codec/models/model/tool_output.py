@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class ToolOutput1(BaseModel):
+class ToolOutput1(ContractModel):
     """
     A tool result's output (SPEC §1). `persisted` holds an envelope (§7) and is produced only by ctxbuild.
     """
@@ -20,7 +21,7 @@ class ToolOutput1(BaseModel):
     value: str
 
 
-class ToolOutput2(BaseModel):
+class ToolOutput2(ContractModel):
     """
     A tool result's output (SPEC §1). `persisted` holds an envelope (§7) and is produced only by ctxbuild.
     """
@@ -32,7 +33,7 @@ class ToolOutput2(BaseModel):
     value: Any
 
 
-class ToolOutput3(BaseModel):
+class ToolOutput3(ContractModel):
     """
     A tool result's output (SPEC §1). `persisted` holds an envelope (§7) and is produced only by ctxbuild.
     """
@@ -45,7 +46,7 @@ class ToolOutput3(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-class ToolOutput4(BaseModel):
+class ToolOutput4(ContractModel):
     """
     A tool result's output (SPEC §1). `persisted` holds an envelope (§7) and is produced only by ctxbuild.
     """

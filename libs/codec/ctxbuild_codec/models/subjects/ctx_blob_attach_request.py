@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CtxBlobAttachRequest(BaseModel):
+class CtxBlobAttachRequest(ContractModel):
     """
     Upload an attachment to a conversation. Its handle is the display name, made unique in the conversation with ' (2)', ' (3)'…
     """

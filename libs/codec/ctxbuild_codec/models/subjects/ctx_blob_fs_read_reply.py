@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class CtxBlobFsReadReply1(BaseModel):
+class CtxBlobFsReadReply1(ContractModel):
     """
     SPEC §6: a numbered page or a model-facing error result; modelText is what the tool returns to the model. ambiguous-handle: the 16-hex name matches more than one stored blob and is never served.
     """
@@ -35,7 +36,7 @@ class CtxBlobFsReadReply1(BaseModel):
     modelText: str
 
 
-class CtxBlobFsReadReply2(BaseModel):
+class CtxBlobFsReadReply2(ContractModel):
     """
     SPEC §6: a numbered page or a model-facing error result; modelText is what the tool returns to the model. ambiguous-handle: the 16-hex name matches more than one stored blob and is never served.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CtxBlobGcReply(BaseModel):
+class CtxBlobGcReply(ContractModel):
     """
     ran: false when another replica was collecting. blobs: unreferenced blobs deleted; orphans: objects without metadata deleted; uploads: abandoned multipart uploads aborted; staging: staging objects deleted; skipped: blobs a writer held (next round).
     """

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict
 
 
-class CtxBlobGcRequest(BaseModel):
+class CtxBlobGcRequest(ContractModel):
     """
     Run one garbage-collection round now with the configured grace period (rounds also run in the background every gc_interval_s). Operational; harmless to repeat.
     """

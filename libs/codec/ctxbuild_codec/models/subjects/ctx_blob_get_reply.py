@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CtxBlobGetReply(BaseModel):
+class CtxBlobGetReply(ContractModel):
     """
     What was streamed: `length` bytes from `offset` in `chunks` chunks. Errors: not-found (no such blob, or its object is gone), access-denied, ambiguous-handle, invalid-payload, unavailable, transfer-aborted.
     """

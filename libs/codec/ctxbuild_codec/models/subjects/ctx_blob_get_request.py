@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class CtxBlobGetRequest1(BaseModel):
+class CtxBlobGetRequest1(ContractModel):
     """
     Read back a blob (or bytes [offset, offset+length)) by full sha256 or by URI, for a conversation that references it. The serving instance pushes the bytes to the caller's `sink` inbox as requests (raw chunk ≤ 512 KiB, or ≤ maxChunk when the caller offers it, header Ctx-Blob-Offset); the caller acknowledges each with an empty reply (a reply with header Ctx-Blob-Error stops the stream). The reply comes after the last chunk was acknowledged (with earlyReply: after it was sent).
     """
@@ -46,7 +47,7 @@ class CtxBlobGetRequest1(BaseModel):
     ] = False
 
 
-class CtxBlobGetRequest2(BaseModel):
+class CtxBlobGetRequest2(ContractModel):
     """
     Read back a blob (or bytes [offset, offset+length)) by full sha256 or by URI, for a conversation that references it. The serving instance pushes the bytes to the caller's `sink` inbox as requests (raw chunk ≤ 512 KiB, or ≤ maxChunk when the caller offers it, header Ctx-Blob-Offset); the caller acknowledges each with an empty reply (a reply with header Ctx-Blob-Error stops the stream). The reply comes after the last chunk was acknowledged (with earlyReply: after it was sent).
     """

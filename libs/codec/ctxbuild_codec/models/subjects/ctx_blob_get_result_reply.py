@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class Output(BaseModel):
+class Output(ContractModel):
     type: Literal["text", "json", "content", "error-json"]
 
 
@@ -16,7 +17,7 @@ class GoneItem(RootModel[str]):
     root: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
 
-class CtxBlobGetResultReply(BaseModel):
+class CtxBlobGetResultReply(ContractModel):
     """
     The original tool output (`text`, `json` or `content`, as the codec's inflate gives it; for an offload's original also `error-json`), byte-identical to what the tool returned when its original was kept (SPEC §15.1). `gone`: blobs that no longer exist; their texts are degraded to `head + "\\n\\n[persisted output no longer available — showing excerpt of N chars]\\n\\n" + tail`. Errors: access-denied, not-found (an offload's original that is gone), too-large (details.blobs: stream them with ctx.blob.get), invalid-payload, unavailable.
     """

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 from ..envelopes import envelope as envelope_1
 from ..model import offload as offload_1
 
 
-class CtxBlobGetResultRequest1(BaseModel):
+class CtxBlobGetResultRequest1(ContractModel):
     """
     Read-back for a UI, for a conversation that references the blobs: a persisted envelope (the `value` of a `persisted` tool output, SPEC §7) inflated from its blobs — with its original output when it names one —, or the original output an in-flight offload record names (`offload.original`, SPEC §15.1: a non-text output's whole JSON, a json output's value), byte-identical.
     """
@@ -24,7 +25,7 @@ class CtxBlobGetResultRequest1(BaseModel):
     offload: offload_1.Offload | None = None
 
 
-class CtxBlobGetResultRequest2(BaseModel):
+class CtxBlobGetResultRequest2(ContractModel):
     """
     Read-back for a UI, for a conversation that references the blobs: a persisted envelope (the `value` of a `persisted` tool output, SPEC §7) inflated from its blobs — with its original output when it names one —, or the original output an in-flight offload record names (`offload.original`, SPEC §15.1: a non-text output's whole JSON, a json output's value), byte-identical.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CtxBlobPutReply(BaseModel):
+class CtxBlobPutReply(ContractModel):
     """
     The blob's identity and handle. created is false when the content was already stored (dedup).
     """

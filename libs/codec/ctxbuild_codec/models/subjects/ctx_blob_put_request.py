@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Owner(BaseModel):
+class Owner(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class Owner(BaseModel):
     id: Annotated[str, Field(max_length=200, min_length=1)]
 
 
-class CtxBlobPutRequest(BaseModel):
+class CtxBlobPutRequest(ContractModel):
     """
     Store a text blob (content-addressed by the full sha256 of its UTF-8 bytes) and add one reference (blob, owner, role). The reference's conversation is what fs_read's allow-list checks. Content travels inline, so the request must stay under NATS max_payload (1 MB): larger content goes through ctx.blob.upload (the blob client picks the path).
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class CtxBlobReadFileReply1(BaseModel):
+class CtxBlobReadFileReply1(ContractModel):
     """
     SPEC §6: a page (nextOffset present when more remains) or a model-facing error; modelText is what the tool returns to the model.
     """
@@ -22,7 +23,7 @@ class CtxBlobReadFileReply1(BaseModel):
     modelText: str
 
 
-class Error(BaseModel):
+class Error(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -30,7 +31,7 @@ class Error(BaseModel):
     message: str
 
 
-class CtxBlobReadFileReply2(BaseModel):
+class CtxBlobReadFileReply2(ContractModel):
     """
     SPEC §6: a page (nextOffset present when more remains) or a model-facing error; modelText is what the tool returns to the model.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class FileAttachment(BaseModel):
+class FileAttachment(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -17,7 +18,7 @@ class FileAttachment(BaseModel):
     displayName: str
 
 
-class Retained(BaseModel):
+class Retained(ContractModel):
     """
     the retained context of the history being served (ctx.compact.turn_start `retained`). When present the read is limited to it: a blob is readable only if the conversation references it AND it is one of these archived outputs or attachments, or the turn (`turnId`) references it itself. Set by the server, never from a model's arguments. Absent: every blob the conversation references.
     """
@@ -29,7 +30,7 @@ class Retained(BaseModel):
     persistedUris: list[str]
 
 
-class CtxBlobReadFileRequest(BaseModel):
+class CtxBlobReadFileRequest(ContractModel):
     """
     A character page of one of the conversation's attachments, by handle; with `retained`, only the retained attachments (anything else answers not-found, exactly like a missing handle).
     """

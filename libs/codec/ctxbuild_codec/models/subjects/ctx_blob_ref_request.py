@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Owner(BaseModel):
+class Owner(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class Owner(BaseModel):
     id: Annotated[str, Field(max_length=200, min_length=1)]
 
 
-class CtxBlobRefRequest(BaseModel):
+class CtxBlobRefRequest(ContractModel):
     """
     Add a reference (blob, owner, role) to a blob the same conversation already references (e.g. the persist lane's tool_output reference to a blob the in-flight lane stored with a provisional one). No bytes travel; a blob the conversation does not reference is access-denied.
     """

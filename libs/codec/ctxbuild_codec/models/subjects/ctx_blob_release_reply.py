@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class CtxBlobReleaseReply(BaseModel):
+class CtxBlobReleaseReply(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )

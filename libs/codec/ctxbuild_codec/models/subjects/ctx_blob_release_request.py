@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Owner(BaseModel):
+class Owner(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class Owner(BaseModel):
     id: Annotated[str, Field(max_length=200, min_length=1)]
 
 
-class CtxBlobReleaseRequest(BaseModel):
+class CtxBlobReleaseRequest(ContractModel):
     """
     Delete an owner's references (all of them, or one role, or one blob). A blob left without references is deleted after the grace period (default 1 h). Releasing an attachment reference also removes the conversation's handles for that blob.
     """

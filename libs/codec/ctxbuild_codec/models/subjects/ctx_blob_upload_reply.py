@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Attachment(BaseModel):
+class Attachment(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -17,7 +18,7 @@ class Attachment(BaseModel):
     mediaType: Annotated[str, Field(min_length=1)]
 
 
-class CtxBlobUploadReply(BaseModel):
+class CtxBlobUploadReply(ContractModel):
     """
     The stored blob's identity. created: this upload stored new content; transferred: bytes pulled (0 when the conversation already had the content). Text facts are present when the bytes were received.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
-class Owner(BaseModel):
+class Owner(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -16,7 +17,7 @@ class Owner(BaseModel):
     id: Annotated[str, Field(max_length=200, min_length=1)]
 
 
-class Attachment(BaseModel):
+class Attachment(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -24,7 +25,7 @@ class Attachment(BaseModel):
     mediaType: Annotated[str | None, Field(max_length=255, min_length=1)] = None
 
 
-class CtxBlobUploadRequest1(BaseModel):
+class CtxBlobUploadRequest1(ContractModel):
     """
     Chunked put (claim check) for content too large for ctx.blob.put. The serving instance pulls the bytes from the caller's `source` inbox: request {"seq": n, "max": bytes} → reply = the raw chunk (≤ max, and ≤ the caller's own NATS max_payload; the service asks for at most its connection's max_payload), an empty reply ends the stream, a reply with header Ctx-Blob-Error aborts it. Content address = sha256 of all bytes; when `sha256` is declared and the conversation already references that blob, no byte is pulled. Either owner+role (a reference) or attachment (an attachment with a unique handle, owned by the conversation).
     """
@@ -57,7 +58,7 @@ class CtxBlobUploadRequest1(BaseModel):
     ] = None
 
 
-class CtxBlobUploadRequest2(BaseModel):
+class CtxBlobUploadRequest2(ContractModel):
     """
     Chunked put (claim check) for content too large for ctx.blob.put. The serving instance pulls the bytes from the caller's `source` inbox: request {"seq": n, "max": bytes} → reply = the raw chunk (≤ max, and ≤ the caller's own NATS max_payload; the service asks for at most its connection's max_payload), an empty reply ends the stream, a reply with header Ctx-Blob-Error aborts it. Content address = sha256 of all bytes; when `sha256` is declared and the conversation already references that blob, no byte is pulled. Either owner+role (a reference) or attachment (an attachment with a unique handle, owned by the conversation).
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from ..model import content_ref, message
 
 
-class FoldInput(BaseModel):
+class FoldInput(ContractModel):
     """
     what the summarizer was given, by id: the previous fold's summary row + the increment (finding #4)
     """
@@ -20,7 +21,7 @@ class FoldInput(BaseModel):
     rowIds: list[str] | None = None
 
 
-class Decision(BaseModel):
+class Decision(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -80,7 +81,7 @@ class Decision(BaseModel):
     durationMs: Annotated[int | None, Field(ge=0)] = None
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(ContractModel):
     """
     The memoised fold (SPEC §9): the first consumedCount messages of the turn are represented by compactedPrefix.
     """
@@ -128,7 +129,7 @@ class Checkpoint(BaseModel):
     step: int | None = None
 
 
-class CtxCompactInLoopReply(BaseModel):
+class CtxCompactInLoopReply(ContractModel):
     """
     What the next step serves, the checkpoint to keep (record it as InLoopFoldRecorded when checkpointChanged), and the decision.
     """

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..model import content_ref, message
 
 
-class FileAttachment(BaseModel):
+class FileAttachment(ContractModel):
     handle: str
 
 
-class Retained(BaseModel):
+class Retained(ContractModel):
     """
     the turn-start retained context (named by the summary row)
     """
@@ -23,7 +24,7 @@ class Retained(BaseModel):
     persistedUris: list[str] | None = None
 
 
-class Settings(BaseModel):
+class Settings(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -55,7 +56,7 @@ class Settings(BaseModel):
     model: Annotated[str | None, Field(description="the turn's model")] = None
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(ContractModel):
     """
     The memoised fold (SPEC §9): the first consumedCount messages of the turn are represented by compactedPrefix.
     """
@@ -103,7 +104,7 @@ class Checkpoint(BaseModel):
     step: int | None = None
 
 
-class CtxCompactInLoopRequest(BaseModel):
+class CtxCompactInLoopRequest(ContractModel):
     """
     In-loop compaction between two steps of a turn (SPEC §9). messages are the turn's messages (turn-start served history + the turn's own) from index `offset` on; the caller may leave out what the checkpoint already consumed. checkpoint: the one the previous reply returned; null = a fresh turn (nothing folded yet); absent = the service reads the newest InLoopFoldRecorded of turn:<turnId> back (a resumed turn).
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from ..model import message
 
 
-class FileAttachment(BaseModel):
+class FileAttachment(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -19,7 +20,7 @@ class FileAttachment(BaseModel):
     displayName: str
 
 
-class Retained(BaseModel):
+class Retained(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -27,7 +28,7 @@ class Retained(BaseModel):
     persistedUris: list[str]
 
 
-class Decision(BaseModel):
+class Decision(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -97,7 +98,7 @@ class Decision(BaseModel):
     durationMs: Annotated[int | None, Field(ge=0)] = None
 
 
-class CtxCompactTurnStartReply(BaseModel):
+class CtxCompactTurnStartReply(ContractModel):
     """
     What to serve, the retained context computed from the raw path (finding #2), and the decision.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Settings(BaseModel):
+class Settings(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -51,7 +52,7 @@ class Settings(BaseModel):
     model: Annotated[str | None, Field(description="the turn's model")] = None
 
 
-class CtxCompactTurnStartRequest(BaseModel):
+class CtxCompactTurnStartRequest(ContractModel):
     """
     Turn-start (durable) compaction for the path to the anchor (SPEC §8).
     """

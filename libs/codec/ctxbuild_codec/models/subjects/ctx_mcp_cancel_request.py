@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class McpCancel(BaseModel):
+class McpCancel(ContractModel):
     """
     Published (broadcast to every catalog replica, no reply): cancel the in-flight call with this callId and its inner `<callId>::…` calls. The cancelled ctx.mcp.invoke / ctx.mcp.meta answers {output: error-text, cancelled: true}; a call that starts within 2 minutes after the cancel is refused the same way.
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict
 
 from ..model import tool_output
 
 
-class McpInvokeReply(BaseModel):
+class McpInvokeReply(ContractModel):
     """
     The tool's output: {type: content, value: [MCP content blocks as the server sent them], metadata?: {structuredContent}} on success, {type: error-text, value} when the tool reported isError, the server answered with an MCP error, the call timed out (timedOut), was cancelled (cancelled) or the connection dropped mid-call. An unknown tool id is an error reply (not-found); a server that cannot be reached is an error reply (unavailable, retryable).
     """

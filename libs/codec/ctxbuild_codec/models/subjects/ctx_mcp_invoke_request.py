@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class McpInvokeRequest(BaseModel):
+class McpInvokeRequest(ContractModel):
     """
     Run one MCP tool by its catalog id (from ctx.mcp.resolve). callId is the tool call's id (for tracing, logs and ctx.mcp.cancel); with turnId the call runs at most once per turn: asked again (a runner resuming the turn after a crash), the catalog answers with the recorded output, or waits for the run in flight, instead of running the tool a second time. timeoutS bounds the call (default CTX_CALL_TIMEOUT_S, 60 s); the NATS request timeout must be longer. Arguments are taken back from the wire dialect first (a JSON string where the schema wants an object is decoded; a null for an optional property that does not accept null is omitted).
     """

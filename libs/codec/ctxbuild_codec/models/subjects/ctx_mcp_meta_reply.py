@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict
 
 from ..model import tool_output
 
 
-class McpMetaReply(BaseModel):
+class McpMetaReply(ContractModel):
     """
     The meta-tool's output for the model. tool_search: text (JSON: ranked {name, namespace, score, description}). tool_inspect: text (JSON signature). tool_invoke: the inner tool's output (as ctx.mcp.invoke) with effectiveToolName (the inner tool id: every policy looks it up by that) and callId `<outer>::<name>`; a guard that fails (not allowed, gone, not executable, approval-gated, not inspected, invalid params) is an error-text output, the last two with the signature. `inspected`: names this call marked inspected.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class McpMetaRequest(BaseModel):
+class McpMetaRequest(ContractModel):
     """
     Execute one meta-tool call of a turn whose tools were deferred (resolve with turnId and a dialect first). The turn's state (deferred tool ids, inspected names) is kept by the catalog in a NATS KV bucket keyed by turnId, so callers pass nothing but the call. callId is the outer (meta-tool) call's id: tool_invoke runs the inner tool with call id `<callId>::<name>`.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Tool(BaseModel):
+class Tool(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -44,7 +45,7 @@ class Tool(BaseModel):
     ] = None
 
 
-class Server(BaseModel):
+class Server(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -53,7 +54,7 @@ class Server(BaseModel):
     error: str | None = None
 
 
-class Tool1(BaseModel):
+class Tool1(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -79,7 +80,7 @@ class Tool1(BaseModel):
     ] = None
 
 
-class Wire(BaseModel):
+class Wire(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -95,7 +96,7 @@ class Wire(BaseModel):
     notStrict: list[str] | None = None
 
 
-class Namespace(BaseModel):
+class Namespace(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -104,7 +105,7 @@ class Namespace(BaseModel):
     count: Annotated[int, Field(ge=1)]
 
 
-class Deferral(BaseModel):
+class Deferral(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -126,7 +127,7 @@ class Deferral(BaseModel):
     namespaces: list[Namespace] | None = None
 
 
-class McpResolveReply(BaseModel):
+class McpResolveReply(ContractModel):
     """
     The tools of the ready servers (in selection order, by name within a server) and one status per selected server: ready, warming (still not ready after the bounded wait), error (with its error; also for an id that is not registered) or disabled. A not-ready server is never reported as an empty tool list (finding #6). With a dialect: `wire` (the tools to send: the loaded tools plus, when tools are deferred, tool_search/tool_inspect/tool_invoke; the <deferred-tools> system-prompt block) and `deferral` (SPEC §11).
     """

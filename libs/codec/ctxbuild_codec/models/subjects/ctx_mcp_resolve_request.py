@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
 class ServerId(RootModel[str]):
     root: Annotated[str, Field(min_length=1)]
 
 
-class McpResolveRequest(BaseModel):
+class McpResolveRequest(ContractModel):
     """
     Tools for one turn (SPEC §11). mode: manual = the servers linked to the assistant (serverIds), auto = every active enabled server, disabled = none; default manual (defined once, in the catalog). A cold server's warm-up is awaited up to warmTimeoutS (default: the service's CTX_WARM_TIMEOUT_S, 10 s). With a dialect the reply also carries wire-safe tools and the deferral decision for a window of contextWindow tokens (absent/null = unknown → threshold 32,000); with a turnId the deferral state is kept for ctx.mcp.meta.
     """

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
 class Id(RootModel[str]):
     root: Annotated[str, Field(min_length=1)]
 
 
-class McpServerListRequest(BaseModel):
+class McpServerListRequest(ContractModel):
     """
     The registered servers (all, or those in ids) in registry order.
     """

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict
 
 
-class McpServerRemoveReply(BaseModel):
+class McpServerRemoveReply(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Tools(BaseModel):
+class Tools(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -17,7 +18,7 @@ class Tools(BaseModel):
     enabled: bool | None = None
 
 
-class Server(BaseModel):
+class Server(ContractModel):
     """
     the config (env and header values redacted) with the server's status
     """
@@ -55,7 +56,7 @@ class Server(BaseModel):
     toolCount: Annotated[int, Field(ge=0)]
 
 
-class McpServerUpsertReply(BaseModel):
+class McpServerUpsertReply(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )

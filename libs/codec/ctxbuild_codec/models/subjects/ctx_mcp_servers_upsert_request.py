@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class Tools(BaseModel):
+class Tools(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -17,7 +18,7 @@ class Tools(BaseModel):
     enabled: bool | None = None
 
 
-class Server3(BaseModel):
+class Server3(ContractModel):
     """
     an MCP server config (open here; each use closes it with unevaluatedProperties)
     """
@@ -45,7 +46,7 @@ class Server3(BaseModel):
     ] = None
 
 
-class McpServerUpsertRequest(BaseModel):
+class McpServerUpsertRequest(ContractModel):
     """
     Create or replace one MCP server in the registry (Postgres schema mcp_catalog). stdio needs command; http (streamable HTTP) needs url. A change of the connection config drops the cached tool list and the sessions; an enabled, active server is warmed at once.
     """
@@ -61,7 +62,7 @@ class McpServerUpsertRequest(BaseModel):
     ]
 
 
-class Server(BaseModel):
+class Server(ContractModel):
     """
     an MCP server config (open here; each use closes it with unevaluatedProperties)
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class McpToolsChanged(BaseModel):
+class McpToolsChanged(ContractModel):
     """
     Published by the catalog when a server's tool list really changed (fingerprint = sha256 of the canonical tool list; compared with the last announced one kept in the registry, so a restart or a lost cache does not announce a change) or the server was removed (fingerprint null).
     """

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 
 class Position(RootModel[int]):
     root: Annotated[int, Field(ge=1)]
 
 
-class PersistAppendReply(BaseModel):
+class PersistAppendReply(ContractModel):
     """
     Versions and global positions of the request's events, in request order (a duplicate reports where it is already stored). fromVersion/toVersion span the request's events.
     """

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..events import metadata as metadata_1
 
 
-class Event(BaseModel):
+class Event(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -30,7 +31,7 @@ class Event(BaseModel):
     metadata: metadata_1.EventMetadata | None = None
 
 
-class PersistAppendRequest(BaseModel):
+class PersistAppendRequest(ContractModel):
     """
     Append events to one stream atomically. expectedVersion: null = any, 0 = the stream must not exist yet, n = its last version must be n (else error version-conflict). An event whose eventId is already stored is not stored again (counted in `duplicates`); when every event is a duplicate the append succeeds without a version check, so retrying an acknowledged append is safe.
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from . import ctx_persist_append_reply
 
 
-class Blob(BaseModel):
+class Blob(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -19,7 +20,7 @@ class Blob(BaseModel):
     uri: Annotated[str, Field(pattern="^context://vfs/vfs_[0-9a-f]{16}\\.txt$")]
 
 
-class Part(BaseModel):
+class Part(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -41,7 +42,7 @@ class Part(BaseModel):
     ]
 
 
-class References(BaseModel):
+class References(ContractModel):
     """
     tool_output references owned by the turn's messages for outputs the in-flight lane had already offloaded (`offload.sha256`): promoted from the turn's provisional reference when the blob store offers ctx.blob.ref
     """
@@ -53,7 +54,7 @@ class References(BaseModel):
     failed: Annotated[int | None, Field(ge=0)] = None
 
 
-class PersistCompleteTurnReply(BaseModel):
+class PersistCompleteTurnReply(ContractModel):
     """
     append: as ctx.persist.append (duplicates = 1 when this eventId was already stored: nothing new was written). parts: one row per tool output the persist lane considered (over the persist threshold) — persisted (every text offloaded), partial (v2: some entities kept their full text), kept (no blob write succeeded: the full output is stored).
     """

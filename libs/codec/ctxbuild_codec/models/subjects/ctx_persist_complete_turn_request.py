@@ -6,14 +6,15 @@ from __future__ import annotations
 from typing import Annotated
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..events import metadata as metadata_1
 from ..model import message
 from ..model import usage as usage_1
 
 
-class Settings(BaseModel):
+class Settings(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -26,7 +27,7 @@ class Settings(BaseModel):
     ] = None
 
 
-class PersistCompleteTurnRequest(BaseModel):
+class PersistCompleteTurnRequest(ContractModel):
     """
     The persist lane (SPEC §7): store a turn's assistant and tool messages on stream conversation:<conversationId> as one AssistantMessageCompleted event. Before the event is appended, every oversized tool output of a `tool` message is trimmed by the codec library into a v1/v2 envelope (`persisted` output) and its full text is written to the blob store with a `tool_output` reference owned by the message. Blobs are written first (content-addressed, idempotent), then the event is appended; a part whose blob write failed keeps its full output. Retrying with the same eventId is safe (the event is stored once).
     """

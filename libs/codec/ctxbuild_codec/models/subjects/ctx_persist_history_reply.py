@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 from typing_extensions import TypeAliasType
 
 from ..model import message
 from ..model import usage as usage_1
 
 
-class Attachment(BaseModel):
+class Attachment(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -23,7 +24,7 @@ class Attachment(BaseModel):
     size: Annotated[int, Field(ge=0)]
 
 
-class Summary(BaseModel):
+class Summary(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -40,7 +41,7 @@ BranchesAdditionalProperty = TypeAliasType(
 )
 
 
-class LastUsage(BaseModel):
+class LastUsage(ContractModel):
     """
     provider usage of the newest assistant message on the path that reports one (the last step's real usage, SPEC §8.6); null when none does
     """
@@ -52,7 +53,7 @@ class LastUsage(BaseModel):
     usage: usage_1.Usage
 
 
-class PersistHistoryReply(BaseModel):
+class PersistHistoryReply(ContractModel):
     """
     messages: one page of the path root → anchor (oldest first), each with its resolved parentId and, on a compaction boundary, compactionSummary; parts stored by content reference are resolved. attachments: every attachment of the conversation (the authoritative list, SPEC §6/§8), in the order added. version: the conversation stream's version the answer was read at (use it as expectedVersion for the next append). anchorId, lastUsage, summaries and persistedUris are derived from this page's `messages` for the compaction service (SPEC §8). start/more/nextAnchorId: where the page begins and how to read the older part.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class PersistHistoryRequest(BaseModel):
+class PersistHistoryRequest(ContractModel):
     """
     One page of the messages a turn serves: the path from the root to anchorId (default: the conversation's last message) of stream conversation:<conversationId>, walked back from the anchor while whole messages fit maxBytes (the anchor always). A page cut by the budget says `more` and `nextAnchorId`: ask again with that anchor for the older part (prepend it). Read from the conversation projection once it has reached the stream's last event (read-your-writes, bounded wait), else folded from the events. Message parts stored by content reference are returned resolved. Unknown conversation or anchor → not-found.
     """

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..events import envelope
 
 
-class PersistReadAllReply(BaseModel):
+class PersistReadAllReply(ContractModel):
     """
     lastPosition = nextPosition = the position of the last event returned, or afterPosition when none was; more = the page was cut (by maxBytes or limit) before the head of the log.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class PersistReadAllRequest(BaseModel):
+class PersistReadAllRequest(ContractModel):
     """
     A page of the events of every stream with position > afterPosition, in position order: as many whole events as fit maxBytes (at least one), at most `limit` (default 1000, capped at 10000). Positions are handed out in commit order, so paging with afterPosition = nextPosition never skips an event.
     """

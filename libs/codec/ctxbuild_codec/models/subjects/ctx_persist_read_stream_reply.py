@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 from ..events import envelope
 
 
-class PersistReadStreamReply(BaseModel):
+class PersistReadStreamReply(ContractModel):
     """
     The events read plus the stream's last version (0 = the stream does not exist) in the same snapshot; more = events with versions up to lastVersion remain: read again with fromVersion = nextVersion.
     """

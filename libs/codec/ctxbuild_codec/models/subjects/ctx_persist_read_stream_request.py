@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class PersistReadStreamRequest(BaseModel):
+class PersistReadStreamRequest(ContractModel):
     """
     A page of a stream's events with version >= fromVersion, oldest first: as many whole events as fit maxBytes (at least one, so an event larger than the budget still moves), at most `limit` (default 1000, capped by the service at 10000). Continue from nextVersion while `more`.
     """

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 from ..model import offload as offload_1
 from ..model import tool_output
 
 
-class Part11(BaseModel):
+class Part11(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -23,7 +24,7 @@ class Part11(BaseModel):
     text: str
 
 
-class Part12(BaseModel):
+class Part12(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -39,7 +40,7 @@ class Part12(BaseModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class Part13(BaseModel):
+class Part13(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -53,7 +54,7 @@ class Part13(BaseModel):
     input: Any
 
 
-class Part15(BaseModel):
+class Part15(ContractModel):
     type: Literal["tool-result"]
 
 
@@ -69,7 +70,7 @@ class Part18(Part13, Part15):
     pass
 
 
-class TrimmedItem(BaseModel):
+class TrimmedItem(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -98,7 +99,7 @@ class TrimmedItem(BaseModel):
     totalLines: Annotated[int, Field(ge=1)]
 
 
-class Part14(BaseModel):
+class Part14(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -122,7 +123,7 @@ class Part(RootModel[Part16 | Part17 | Part18 | Part19]):
     root: Part16 | Part17 | Part18 | Part19
 
 
-class CtxTruncateStepReply(BaseModel):
+class CtxTruncateStepReply(ContractModel):
     """
     The same parts in the same order; trimmed ones carry a marker (or inline excerpt) and typed `offload` provenance. A claimed part comes back with its marker (or, when it needs no trimming and fits one message, its full text).
     """

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field, RootModel
 
 from ..model import offload as offload_1
 from ..model import tool_output
 
 
-class Settings(BaseModel):
+class Settings(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -30,7 +31,7 @@ class Settings(BaseModel):
     )
 
 
-class Part21(BaseModel):
+class Part21(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -42,7 +43,7 @@ class Part21(BaseModel):
     text: str
 
 
-class Part22(BaseModel):
+class Part22(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -58,7 +59,7 @@ class Part22(BaseModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class Part23(BaseModel):
+class Part23(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -72,7 +73,7 @@ class Part23(BaseModel):
     input: Any
 
 
-class Part25(BaseModel):
+class Part25(ContractModel):
     type: Literal["tool-result"]
 
 
@@ -88,7 +89,7 @@ class Part28(Part23, Part25):
     pass
 
 
-class Claim(BaseModel):
+class Claim(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
@@ -118,7 +119,7 @@ class Claim(BaseModel):
     ] = None
 
 
-class Part24(BaseModel):
+class Part24(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -142,7 +143,7 @@ class Part(RootModel[Part26 | Part27 | Part28 | Part29]):
     root: Part26 | Part27 | Part28 | Part29
 
 
-class CtxTruncateStepRequest(BaseModel):
+class CtxTruncateStepRequest(ContractModel):
     """
     One step's tool-result parts for the in-flight lane (SPEC §5). Parts come from `tool` messages only. A tool output too large for one NATS message travels by claim check: the caller stores its text in the blob store first (ctxbuild_blobclient.BlobClient.put, any owner/role of this conversation; a provisional reference owned by the turn is the natural one), sends the part with an empty `text`/`error-text` value and names the blob in `claims`. The service streams the blob back (bounded memory), adds the turn's provisional reference and serves the marker; see services/truncation/README.md.
     """

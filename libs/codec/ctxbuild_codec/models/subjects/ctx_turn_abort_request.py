@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnAbortNotice(BaseModel):
+class TurnAbortNotice(ContractModel):
     """
     Core NATS broadcast (no reply): wakes the runner replica that runs turnId so it stops now. The durable record is the TurnAbortRequested event, appended first.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnTextDelta(BaseModel):
+class TurnTextDelta(ContractModel):
     """
     Core NATS, subject ctx.turn.delta.<turnId>, no reply, not stored: the model's text as it streams in, for the SSE stream of the edge replica a client is connected to. Ephemeral by design — the durable record of the text is the step's assistant message (StepServed) and TurnCompleted.answer.
     """

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from ctxbuild_codec.contract_base import ContractModel
+from pydantic import ConfigDict, Field
 
 
-class TurnRunCommand(BaseModel):
+class TurnRunCommand(ContractModel):
     """
     JetStream work-queue stream CTX_TURNS (retention: work queue), published by the edge with Nats-Msg-Id = turnId and pulled by the runner replicas (durable consumer turn-runner, explicit ack, in-progress heartbeats). The command only names the turn: what to run is its TurnQueued event.
     """
