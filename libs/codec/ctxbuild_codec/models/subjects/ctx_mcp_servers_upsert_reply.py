@@ -18,7 +18,7 @@ class Tools(ContractModel):
     enabled: bool | None = None
 
 
-class Server(ContractModel):
+class ServerStatus(ContractModel):
     """
     the config (env and header values redacted) with the server's status
     """
@@ -60,10 +60,5 @@ class McpServerUpsertReply(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    server: Annotated[
-        Server,
-        Field(
-            description="the config (env and header values redacted) with the server's status"
-        ),
-    ]
+    server: ServerStatus
     created: bool

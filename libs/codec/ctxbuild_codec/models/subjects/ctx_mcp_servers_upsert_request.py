@@ -18,7 +18,7 @@ class Tools(ContractModel):
     enabled: bool | None = None
 
 
-class Server3(ContractModel):
+class Server1(ContractModel):
     """
     an MCP server config (open here; each use closes it with unevaluatedProperties)
     """
@@ -55,7 +55,7 @@ class McpServerUpsertRequest(ContractModel):
         extra="forbid",
     )
     server: Annotated[
-        Server3,
+        Server1,
         Field(
             description="an MCP server config (open here; each use closes it with unevaluatedProperties)"
         ),

@@ -85,7 +85,7 @@ class PersistHistoryReply(ContractModel):
     persistedUris: Annotated[
         list[PersistedUri] | None,
         Field(
-            description="archived tool outputs on the path (offload.uri of in-flight trims, vfsFilename of persisted envelopes; typed provenance only), in order of first appearance"
+            description="archived tool outputs on the path (every blob a tool result's record names: an in-flight offload's uri, each of its codec blobs and its original; a persisted envelope's vfsFilename, blobRefs and original; typed provenance only, ctxbuild_codec.records), in order of first appearance"
         ),
     ] = None
     branches: Annotated[
