@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -190,19 +190,19 @@ async def keep_finished_steps(backends: Backends, st: TurnState, code: str) -> N
 ProviderFactory = Callable[[dict[str, Any], str, str], Awaitable[Provider]]
 
 
+@dataclass(eq=False)
 class TurnRunner:
-    def __init__(self, backends: Backends, make_provider: ProviderFactory, *, default_max_steps: int = 20,
-                 keep_requests: bool = True, web_tools: Any = None,
-                 terminal_patience_s: float = TERMINAL_PATIENCE_S, compaction_timeout_s: float = COMPACTION_TIMEOUT_S,
-                 keep_request_patience_s: float = 20.0) -> None:
-        self.backends = backends
-        self.make_provider = make_provider
-        self.default_max_steps = default_max_steps
-        self.keep_requests = keep_requests
-        self.web_tools = web_tools
-        self.terminal_patience_s = terminal_patience_s
-        self.compaction_timeout_s = compaction_timeout_s
-        self.keep_request_patience_s = keep_request_patience_s
+    """Runs or resumes turns from their events (one per runner process)."""
+
+    backends: Backends
+    make_provider: ProviderFactory
+    _: KW_ONLY
+    default_max_steps: int = 20
+    keep_requests: bool = True
+    web_tools: Any = None
+    terminal_patience_s: float = TERMINAL_PATIENCE_S
+    compaction_timeout_s: float = COMPACTION_TIMEOUT_S
+    keep_request_patience_s: float = 20.0
 
     # ------------------------------------------------------------------ entry
     async def load(self, turn_id: str) -> TurnState:
