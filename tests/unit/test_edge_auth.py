@@ -116,11 +116,11 @@ def test_over_the_rate_is_429_with_retry_after():
 async def test_wrong_secrets_for_one_key_id_stop_being_hashed_and_the_cached_owner_goes_on():
     streams: dict[str, list[dict]] = {}
     key = issued(streams)
-    auth = authenticator(streams, cache_s=60)
+    auth = authenticator(streams, cache_s=60, failed_verifications_per_minute=5)
     await auth.authenticate(key)  # the owner, verified and cached
     wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
     statuses = []
-    for _ in range(50):  # five failures per second are hashed; the next ones in that second are refused at once
+    for _ in range(50):  # past the per-minute bound failures are refused at once, without a hash
         with pytest.raises(HTTPException) as refused:
             await auth.authenticate(wrong)
         statuses.append(refused.value.status_code)
@@ -128,3 +128,20 @@ async def test_wrong_secrets_for_one_key_id_stop_being_hashed_and_the_cached_own
             break
     assert statuses[0] == 401 and statuses[-1] == 429, statuses
     assert (await auth.authenticate(key)).tenant == "t1"
+
+
+async def test_a_flood_of_wrong_secrets_does_not_lock_out_the_owner_once_the_cache_has_lapsed():
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams)
+    auth = authenticator(streams, cache_s=0, failed_verifications_per_minute=3)  # nothing is trusted unhashed
+    await auth.authenticate(key)
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    statuses = []
+    for _ in range(5):
+        with pytest.raises(HTTPException) as refused:
+            await auth.authenticate(wrong)
+        statuses.append(refused.value.status_code)
+    assert statuses == [401, 401, 401, 429, 429]
+    assert (await auth.authenticate(key)).tenant == "t1"  # the secret verified last still passes, hashed again
+    other = issued(streams)  # a never-verified secret of another key id is not affected either
+    assert (await auth.authenticate(other)).tenant == "t1"

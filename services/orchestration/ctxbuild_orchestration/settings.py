@@ -84,6 +84,9 @@ class Settings(ServiceSettings, WebToolSettings):
                                          "(per edge replica); a key may carry its own")
     key_max_running_turns: int = Field(4, ge=1, description="default concurrent running turns per credential "
                                        "(per edge replica); a key may carry its own")
+    key_failed_verifications_per_minute: int = Field(
+        30, ge=1, description="wrong secrets for one real key id per minute (per edge replica) before further tries "
+        "are refused with 429 without hashing (each try costs an argon2 hash)")
     oidc_jwks_url: str | None = Field(None, description="JWKS of the OIDC issuer; unset = no JWT bearer tokens")
     oidc_issuer: str | None = Field(None, description="the tokens' required iss")
     oidc_audience: str | None = Field(None, description="the tokens' required aud")

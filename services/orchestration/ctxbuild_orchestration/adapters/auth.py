@@ -38,7 +38,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from ctxbuild_platform.errors import RemoteError
 from fastapi import HTTPException, Request
-from limits import RateLimitItemPerSecond
+from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
@@ -55,9 +55,6 @@ from ..domain.keys import (
 log = structlog.get_logger("auth")
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="ctxbuild"'}
-# wrong secrets for one real key id, per second and replica, before further tries are refused without hashing
-# (each try costs an argon2 hash; unknown key ids cost none). The key's owner is unaffected while cached.
-FAILED_VERIFICATIONS = RateLimitItemPerSecond(5)
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,9 @@ class AuthConfig:
     cache_s: float = 5.0
     requests_per_second: int = 50
     max_running_turns: int = 4
+    # wrong secrets for one real key id, per minute and replica, before further tries are refused without hashing
+    # (each try costs an argon2 hash; unknown key ids cost none). The key's owner is unaffected while cached.
+    failed_verifications_per_minute: int = 30
     oidc_jwks_url: str | None = None
     oidc_issuer: str | None = None
     oidc_audience: str | None = None
@@ -76,7 +76,8 @@ class AuthConfig:
     def from_settings(cls, s: Any) -> AuthConfig:
         return cls(admin_key=s.admin_api_key.get_secret_value() if s.admin_api_key else None,
                    cache_s=s.auth_cache_s, requests_per_second=s.key_requests_per_second,
-                   max_running_turns=s.key_max_running_turns, oidc_jwks_url=s.oidc_jwks_url,
+                   max_running_turns=s.key_max_running_turns,
+                   failed_verifications_per_minute=s.key_failed_verifications_per_minute, oidc_jwks_url=s.oidc_jwks_url,
                    oidc_issuer=s.oidc_issuer, oidc_audience=s.oidc_audience,
                    oidc_tenant_claim=s.oidc_tenant_claim, oidc_algorithms=tuple(s.oidc_algorithms))
 
@@ -160,12 +161,16 @@ class Authenticator:
         if issued is None or any(e["type"] == "ApiKeyRevoked" for e in events):
             self._cache.pop(key_id, None)
             raise unauthenticated("invalid API key")  # unknown and revoked read the same
-        if not self._limiter.test(FAILED_VERIFICATIONS, "failed", key_id):
+        failed = RateLimitItemPerMinute(self.config.failed_verifications_per_minute)
+        # the secret this replica verified last for the key id (its cache entry outlives its trust) passes a flood
+        # of wrong ones: the owner is never locked out by someone who knows only the key id
+        known = hit is not None and hmac.compare_digest(hit.digest, digest)
+        if not known and not self._limiter.test(failed, "failed", key_id):
             raise rate_limited("too many failed verifications of this key id; try again later", 1)
         try:
             await asyncio.to_thread(self.hasher.verify, issued["secretHash"], secret)
         except (VerificationError, InvalidHashError) as exc:
-            self._limiter.hit(FAILED_VERIFICATIONS, "failed", key_id)
+            self._limiter.hit(failed, "failed", key_id)
             raise unauthenticated("invalid API key") from exc
         lim = issued.get("limits") or {}
         principal = Principal(f"key:{key_id}", issued["tenantId"], admin=bool(issued.get("admin")),
