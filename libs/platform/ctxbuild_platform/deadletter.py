@@ -25,9 +25,9 @@ from typing import Any
 import structlog
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
 
 from . import claims
+from .streams import ensure_stream
 
 log = structlog.get_logger("dead-letters")
 
@@ -66,17 +66,11 @@ class DeadLetters:
 
     async def ensure(self) -> None:
         """Create the stream if it is missing (idempotent; another replica's identical create is fine)."""
-        js, c = self._js(), self.config
-        try:
-            await js.stream_info(c.stream)
-        except NotFoundError:
-            try:
-                await js.add_stream(StreamConfig(
-                    name=c.stream, subjects=[f"{c.prefix}.>"], retention=RetentionPolicy.LIMITS,
-                    storage=StorageType.FILE, max_age=c.max_age_s, num_replicas=c.replicas,
-                    description="ctxbuild dead letters: messages a consumer could not process"))
-            except BadRequestError:
-                await js.stream_info(c.stream)
+        c = self.config
+        await ensure_stream(self._js(), StreamConfig(
+            name=c.stream, subjects=[f"{c.prefix}.>"], retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, max_age=c.max_age_s, num_replicas=c.replicas,
+            description="ctxbuild dead letters: messages a consumer could not process"))
         self._ready = True
 
     async def park(self, msg: Any, reason: str, *, consumer: str = "") -> bool:
