@@ -52,14 +52,15 @@ def unprocessable(value: Any) -> str | None:
     while stack:
         v, depth, where = stack.pop()
         if isinstance(v, str):
-            if (m := LONE_SURROGATE.search(v)) is not None:
+            # a lone surrogate is never ASCII, and isascii() does not scan: most strings skip the regex
+            if not v.isascii() and (m := LONE_SURROGATE.search(v)) is not None:
                 return f"{where} holds a lone surrogate (U+{ord(m.group()):04X}) at index {m.start()}"
         elif isinstance(v, (dict, list)):
             if depth >= MAX_DEPTH:
                 return f"{where} nests deeper than {MAX_DEPTH} levels"
             if isinstance(v, dict):
                 for k, item in v.items():
-                    if LONE_SURROGATE.search(k) is not None:
+                    if not k.isascii() and LONE_SURROGATE.search(k) is not None:
                         return f"a key of {where} holds a lone surrogate"
                     stack.append((item, depth + 1, f"{where}.{k}"[:200]))
             else:
@@ -102,15 +103,21 @@ async def dispatch(subject: str, raw: bytes, fn: Handler, model: type[BaseModel]
             result = dump(result)
         contracts.validate(contracts.subject_contract(subject, "reply"), result)
         return {"result": result}
-    except ServiceError as exc:
+    except Exception as exc:  # noqa: BLE001 — every failure becomes a typed reply, never a crash of the subscriber
+        return error_reply(subject, exc)
+
+
+def error_reply(subject: str, exc: Exception) -> dict[str, Any]:
+    """The wire reply for a failed request: a ``ServiceError``'s typed payload, anything else ``internal``
+    (logged with its traceback). For subscribers outside ``@rpc`` that run their own decode (truncation)."""
+    if isinstance(exc, ServiceError):
         if exc.code == "invalid-payload":
             log.warning("rejected", subject=subject, error=exc.message)
         else:
             log.info("error-reply", subject=subject, code=exc.code, error=exc.message)
         return {"error": exc.to_payload()}
-    except Exception as exc:
-        log.exception("handler-crashed", subject=subject)
-        return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500], "retryable": False}}
+    log.error("handler-crashed", subject=subject, exc_info=exc)
+    return {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500], "retryable": False}}
 
 
 class OnLoop(CustomField):

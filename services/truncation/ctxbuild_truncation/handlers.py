@@ -22,8 +22,7 @@ from ctxbuild_codec.contract_models import dump
 from ctxbuild_codec.models.subjects.ctx_truncate_step_reply import CtxTruncateStepReply
 from ctxbuild_codec.models.subjects.ctx_truncate_step_request import CtxTruncateStepRequest
 from ctxbuild_platform.claims import encode_json
-from ctxbuild_platform.errors import ServiceError
-from ctxbuild_platform.rpc import dispatch
+from ctxbuild_platform.rpc import dispatch, error_reply
 
 from . import app, wire
 from .app import SUBJECT, Limits
@@ -70,13 +69,5 @@ class StepHandler:
                 payload = await self._on_thread(app.decode, raw)
             return await app.run_step(payload, self.store, offload=self._on_thread, limits=self.limits,
                                       claim_slots=self.claim_slots, encoded=True)
-        except ServiceError as exc:
-            if exc.code == "invalid-payload":
-                log.warning("rejected", subject=SUBJECT, error=exc.message)
-            else:
-                log.info("error-reply", subject=SUBJECT, code=exc.code, error=exc.message)
-            return wire.encode({"error": exc.to_payload()})
-        except Exception as exc:  # a typed reply, never a bare crash
-            log.exception("handler-crashed", subject=SUBJECT)
-            return wire.encode({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"[:500],
-                                          "retryable": False}})
+        except Exception as exc:  # noqa: BLE001 — a typed reply, never a bare crash
+            return wire.encode(error_reply(SUBJECT, exc))
