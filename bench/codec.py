@@ -32,7 +32,14 @@ import orjson
 from ctxbuild_codec import apply_inflight, apply_persist, plan_inflight, plan_persist
 
 MB = 1_000_000
-WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "what", "up", "out", "can", "more", "about", "system", "output", "result", "error", "value", "function", "module", "request", "response", "context", "window", "token", "model", "server", "client", "database", "index", "query", "cache", "stream", "event", "buffer", "thread", "process", "memory", "latency", "throughput"]
+WORDS = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he",
+    "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she",
+    "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "what", "up", "out",
+    "can", "more", "about", "system", "output", "result", "error", "value", "function", "module", "request",
+    "response", "context", "window", "token", "model", "server", "client", "database", "index", "query", "cache",
+    "stream", "event", "buffer", "thread", "process", "memory", "latency", "throughput",
+]
 ACCENTED = ("café", "naïve", "Zürich", "Kraków", "São Paulo", "“quoted”", "—", "…", "€", "Ω")
 
 

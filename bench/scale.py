@@ -16,7 +16,8 @@ with fsync on, SeaweedFS S3 and the six services as processes). Nothing is mocke
    through the HTTP API (its turn-start compaction folds the old history into a stored summary, as the first turn
    after a long history does). ``turn_start_ms`` is then the median round trip of ``ctx.compact.turn_start`` for
    the conversation's latest message over ``--repeats`` calls (the call every turn makes first: history read,
-   decision, the stored summary reused), the two sizes' calls interleaved so both see the same machine load. ``turn_start_growth`` = ms at 10,000 / ms at 1,000 (target ≤ 2.0).
+   decision, the stored summary reused), the two sizes' calls interleaved so both see the same machine load.
+   ``turn_start_growth`` = ms at 10,000 / ms at 1,000 (target ≤ 2.0).
    The first, folding turn start is reported too (``first_turn_start_ms``): it reads what it folds.
 3. ``max_event_bytes``: the largest stored event (octet length of data + metadata JSON) in persistence.events
    after everything above (target ≤ 65,536). ``bricked_conversations``: conversations where any read or new turn

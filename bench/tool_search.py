@@ -12,7 +12,8 @@ to show how sensitive the shipped choice is;
 ``misses``: the requests whose tool the shipped ranker leaves out of its top 5. Latency: one ``search`` (query
 embedding + BM25 + fusion) with the 181 tools registered, over every request, ``--rounds`` times; p50/p99 in ms.
 ``held_out``: the same figures over the file's ``heldOut`` requests (written after the first measurement, before
-any later change). ``overlap``: how many requests share at most one word (after tokenizing) with their tool's name + description.
+any later change). ``overlap``: how many requests share at most one word (after tokenizing) with their tool's
+name + description.
 
 Reads ../shared/data; when absent writes ``{"skipped": reason}`` and exits 0.
 """
@@ -129,7 +130,8 @@ def run(rounds: int) -> dict:
     by_key = {(t["serverId"], t["name"]): t for t in tools}
     for q in queries:
         t = by_key[(q["server"], q["tool"])]
-        overlap += len(set(ranking.tokenize(q["query"])) & set(ranking.tokenize(f"{t['name']} {t['description']}"))) <= 1
+        described = set(ranking.tokenize(f"{t['name']} {t['description']}"))
+        overlap += len(set(ranking.tokenize(q["query"])) & described) <= 1
     held = {"lexical": [rank_of(shipped, [i for i, _ in lexical.ranked(q["query"])], q) for q in held_out],
             "semantic": [rank_of(shipped, [i for i, _ in shipped.semantic(q["query"])], q) for q in held_out],
             "fusion": [rank_of(shipped, [i for i, _ in shipped.ranked(q["query"])], q) for q in held_out]}

@@ -65,7 +65,8 @@ def test_invalid_envelopes_are_rejected_by_schema_and_models(bad):
 
 def test_what_the_persist_lane_writes_validates():
     lines = "".join(f"line {i:04d}\n" for i in range(1, 301))
-    store = lambda b: b.uri
+    def store(b):
+        return b.uri
     outputs = [
         ("mcp__x__y_0", {"type": "text", "value": lines}),
         ("mcp__x__y_0", {"type": "content", "value": [{"type": "text", "text": lines}], "metadata": {"a": 1}}),

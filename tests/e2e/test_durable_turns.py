@@ -59,15 +59,16 @@ def pages():
 
 
 def runner_env(**extra: str) -> dict[str, str]:
-    return {"CTX_ROLE": "runner", "CTX_TURNS_STREAM": STREAM, "CTX_TURNS_SUBJECT": SUBJECT, "CTX_TURNS_CONSUMER": CONSUMER,
-            "CTX_TURN_ACK_WAIT_S": ACK_WAIT, "CTX_ALLOW_PRIVATE_NETWORKS": "true", **extra}
+    return {"CTX_ROLE": "runner", "CTX_TURNS_STREAM": STREAM, "CTX_TURNS_SUBJECT": SUBJECT,
+            "CTX_TURNS_CONSUMER": CONSUMER, "CTX_TURN_ACK_WAIT_S": ACK_WAIT, "CTX_ALLOW_PRIVATE_NETWORKS": "true",
+            **extra}
 
 
 @pytest.fixture(scope="module")
 def edge(stack, all_services):
     """An edge-only replica on the test's own work-queue stream (so only this module's runners take its turns)."""
-    e = Replica(stack, "orchestration", "orch-edge", CTX_ROLE="edge", CTX_TURNS_STREAM=STREAM, CTX_TURNS_SUBJECT=SUBJECT,
-                CTX_TURNS_CONSUMER=CONSUMER, CTX_TURN_ACK_WAIT_S=ACK_WAIT).wait_ready()
+    e = Replica(stack, "orchestration", "orch-edge", CTX_ROLE="edge", CTX_TURNS_STREAM=STREAM,
+                CTX_TURNS_SUBJECT=SUBJECT, CTX_TURNS_CONSUMER=CONSUMER, CTX_TURN_ACK_WAIT_S=ACK_WAIT).wait_ready()
     yield e
     e.stop()
 
@@ -89,7 +90,7 @@ def runners(stack, edge):
 def fetch_script(pages: SlowPages, tag: str, n: int) -> list[dict]:
     steps = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url(f"{tag}/{k}")}}]}
              for k in range(1, n + 1)]
-    return steps + [{"text": f"done reading {n} pages"}]
+    return [*steps, {"text": f"done reading {n} pages"}]
 
 
 def events_of(base: str, cid: str, tid: str) -> list[dict]:
@@ -194,8 +195,8 @@ def test_abort_ends_a_running_turn(edge, runners, pages):
     runners("orch-runner-abort")
     cid, tid = new_turn(base, "long one", fetch_script(pages, "abort", 8))
     wait_for(base, cid, tid, lambda evs: any(e["type"] == "ToolResultRecorded" for e in evs))
-    r = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH, json={"reason": "user pressed stop"},
-                   timeout=30)
+    r = httpx.post(f"{base}/v1/conversations/{cid}/turns/{tid}/abort", headers=AUTH,
+                   json={"reason": "user pressed stop"}, timeout=30)
     assert r.status_code == 202, r.text
     evs = wait_for(base, cid, tid, terminal, timeout=60)
     end = terminal(evs)
@@ -226,7 +227,8 @@ def test_step_limit_is_a_clear_terminal_error(all_services, pages):
 def test_served_request_regenerate_and_result_readback(all_services):
     base = all_services
     big = "\n".join(f"line {i}: " + "x" * 80 for i in range(4000))  # ~350 KB: trimmed in flight, offloaded
-    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}},
+                     timeout=30).json()["id"]
     att = httpx.post(f"{base}/v1/conversations/{cid}/attachments", headers=AUTH, timeout=60,
                      files={"file": ("big.txt", big.encode(), "text/plain")}).json()
     script = [{"toolCalls": [{"toolName": "read_file", "input": {"filename": att["handle"], "limit": 60000}}]},
@@ -247,15 +249,17 @@ def test_served_request_regenerate_and_result_readback(all_services):
     # a prefix-stable turn: step 2's request extends step 1's
     req1 = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", headers=AUTH, timeout=30).json()
     assert body["messages"][:len(req1["messages"])] == req1["messages"]
-    assert httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/9/request", headers=AUTH, timeout=30).status_code == 404
+    assert httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/9/request", headers=AUTH,
+                     timeout=30).status_code == 404
 
     # the trimmed read_file output reads back in full
     recorded = next(e["data"] for e in evs if e["type"] == "ToolResultRecorded")
     assert recorded["trimmed"]
-    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
+    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH,
+                                         timeout=30).json()["messages"]
                     if m["role"] == "tool")
-    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{recorded['toolCallId']}", headers=AUTH,
-                     timeout=60)
+    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{recorded['toolCallId']}",
+                     headers=AUTH, timeout=60)
     assert full.status_code == 200, full.text
     out = full.json()["output"]
     text = out["value"] if isinstance(out["value"], str) else json.dumps(out["value"])
@@ -268,7 +272,8 @@ def test_served_request_regenerate_and_result_readback(all_services):
     tid2 = rg.json()["turnId"]
     assert rg.json()["userMessageId"] == r.json()["userMessageId"]
     wait_for(base, cid, tid2, terminal)
-    hist = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"branches": "true"}, timeout=30).json()
+    hist = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"branches": "true"},
+                     timeout=30).json()
     path = hist["messages"]
     assert path[-1]["role"] == "assistant" and path[-1]["parts"][0]["text"] == "second answer"
     user = r.json()["userMessageId"]
@@ -276,7 +281,8 @@ def test_served_request_regenerate_and_result_readback(all_services):
     siblings = hist["branches"][path[-1]["id"]]
     assert len(siblings) == 2  # the first answer's branch is still there
     first = next(s for s in siblings if s != path[-1]["id"])
-    old_branch = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"anchor": first}, timeout=30).json()
+    old_branch = httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, params={"anchor": first},
+                           timeout=30).json()
     assert old_branch["messages"][-1]["role"] == "assistant" and old_branch["messages"][-1]["turnId"] == tid
     # a finished turn whose events were all seen: the stream says so at once instead of idling
     last = evs[-1]["version"]
@@ -292,7 +298,8 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     of its message after the turn released its provisional references, and reads back whole."""
     base = edge.url
     runners("orch-runner-web")
-    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}}, timeout=30).json()["id"]
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 16000}},
+                     timeout=30).json()["id"]
     script = [{"toolCalls": [{"toolName": "web_fetch", "input": {"url": pages.url("big/article")}}]}, {"text": "ok"}]
     r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
                    json={"text": "fetch", "provider": {"kind": "replay", "script": script}})
@@ -304,14 +311,15 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     item = rec["output"]["value"][0]
     assert item["url"] == pages.url("big/article") and item["id"] and "<persisted-output>" in item["content"]
     shas = [b["sha256"] for b in rec["offload"]["blobs"]]
-    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH, timeout=30).json()["messages"]
+    tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH,
+                                         timeout=30).json()["messages"]
                     if m["role"] == "tool")
     rows = await pg.fetch("SELECT sha256, owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = ANY($1)", shas)
     by_role = {(r["owner_kind"], r["role"]) for r in rows}
     assert ("message", "tool_output") in by_role and ("turn", "provisional") not in by_role, rows
     assert {r["owner_id"] for r in rows if r["role"] == "tool_output"} == {tool_msg["id"]}
-    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{rec['toolCallId']}", headers=AUTH,
-                     timeout=60).json()
+    full = httpx.get(f"{base}/v1/conversations/{cid}/messages/{tool_msg['id']}/results/{rec['toolCallId']}",
+                     headers=AUTH, timeout=60).json()
     assert full["source"] in ("offloaded", "persisted")
     content = full["output"]["value"][0]["content"]
     assert content.startswith("paragraph 0: ") and content.rstrip().endswith("citation text") and len(content) > 100_000

@@ -30,8 +30,8 @@ time.sleep(600)
 
 
 def devstack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ctxbuild_devstack", *args], check=False, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run([sys.executable, "-m", "ctxbuild_devstack", *args], check=False, capture_output=True,
+                          text=True, timeout=180)
 
 
 def gone(pid: int) -> bool:

@@ -38,7 +38,8 @@ async def test_a_turn_is_one_trace_across_the_services(stack, services):
     await broker.connect()
     try:
         backends = Backends(RpcClient(broker, 30.0))
-        cid, tid, uid = f"conv_tr_{uuid.uuid4().hex[:8]}", f"turn_tr_{uuid.uuid4().hex[:8]}", f"msg_{uuid.uuid4().hex[:8]}"
+        cid, tid = f"conv_tr_{uuid.uuid4().hex[:8]}", f"turn_tr_{uuid.uuid4().hex[:8]}"
+        uid = f"msg_{uuid.uuid4().hex[:8]}"
         await backends.append(f"conversation:{cid}", [new_event("ConversationCreated", {"conversationId": cid,
                                                                                          "settings": {}})], expected=0)
         await backends.append(f"conversation:{cid}", [new_event("UserMessageAdded", {"message": {

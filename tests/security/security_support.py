@@ -70,30 +70,32 @@ class Edge:
         return self.wait(cid, r.json()["turnId"])
 
     def regenerate(self, cid: str, turn_id: str, script: list[dict[str, Any]]) -> Turn:
-        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}/regenerate", headers=self.headers, timeout=30,
-                       json={"provider": {"kind": "replay", "script": script}})
+        r = httpx.post(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}/regenerate", headers=self.headers,
+                       timeout=30, json={"provider": {"kind": "replay", "script": script}})
         assert r.status_code == 202, r.text
         return self.wait(cid, r.json()["turnId"])
 
     def wait(self, cid: str, turn_id: str, timeout: float = 180) -> Turn:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            evs = httpx.get(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}", headers=self.headers, timeout=30).json()["events"]
+            evs = httpx.get(f"{self.base}/v1/conversations/{cid}/turns/{turn_id}", headers=self.headers,
+                            timeout=30).json()["events"]
             if any(e["type"] in ("TurnCompleted", "TurnFailed") for e in evs):
                 return Turn(cid, turn_id, evs)
             time.sleep(0.1)
         raise AssertionError(f"turn {turn_id} did not end")
 
     def messages(self, cid: str) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.base}/v1/conversations/{cid}/messages", headers=self.headers, params={"branches": "true"}, timeout=30)
+        r = httpx.get(f"{self.base}/v1/conversations/{cid}/messages", headers=self.headers, params={"branches": "true"},
+                      timeout=30)
         assert r.status_code == 200, r.text
         return r.json()["messages"]
 
     def stored(self, turn: Turn) -> str:
         """Everything stored for the attacker's turn: its events, its messages, every request the model saw."""
         steps = [e["data"]["step"] for e in turn.events if e["type"] == "StepServed"]
-        requests = [httpx.get(f"{self.base}/v1/conversations/{turn.conversation}/turns/{turn.id}/steps/{s}/request", headers=self.headers,
-                              timeout=30).text for s in steps]
+        requests = [httpx.get(f"{self.base}/v1/conversations/{turn.conversation}/turns/{turn.id}/steps/{s}/request",
+                              headers=self.headers, timeout=30).text for s in steps]
         mine = [m for m in self.messages(turn.conversation) if m.get("turnId") == turn.id]
         return json.dumps({"events": turn.events, "messages": mine, "requests": requests}, ensure_ascii=False)
 

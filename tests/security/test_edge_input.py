@@ -105,7 +105,8 @@ async def test_bad_text_in_a_title_is_refused(http, pg, bad):
 async def test_bad_text_in_a_turn_text_is_refused(http, conv, pg, bad):
     marker = f"text-{uuid.uuid4().hex}"
     before = await stream_version(pg, f"conversation:{conv}")
-    body = refused(await post_raw(http, f"/v1/conversations/{conv}/turns", {"text": f"{marker}{bad}", "provider": REPLAY}),
+    body = refused(await post_raw(http, f"/v1/conversations/{conv}/turns",
+                                  {"text": f"{marker}{bad}", "provider": REPLAY}),
                    422, "invalid-payload")
     assert "body.text" in body["message"]
     assert await events_holding(pg, marker) == 0
@@ -300,7 +301,7 @@ async def test_a_malformed_id_is_refused_in_every_route(http, conv, pg, route, b
     assert (await stream_version(pg, f"conversation:{conv}"), await stream_version(pg, f"turn:{tid}")) == before
 
 
-# ------------------------------------------------------------------------------------------------ one turn per conversation
+# ------------------------------------------------------------------------------------- one turn per conversation
 
 async def test_five_concurrent_turns_give_one_202_and_four_409s(http, pg):
     cid = (await http.post("/v1/conversations", json={"title": "race"}, timeout=30)).json()["id"]

@@ -153,7 +153,7 @@ META_ATTACKS: dict[str, tuple[str, Any]] = {
 @pytest.fixture(scope="module")
 async def meta_attacked(edge, victim, rpc, tmp_path_factory) -> dict[str, Any]:
     repo = tmp_path_factory.mktemp("security-repo")
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)  # noqa: ASYNC221 — set-up, before any turn
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)  # set-up, before any turn
     server = {"id": GIT_SERVER, "name": "git", "transport": "stdio", "command": sys.executable,
               "args": ["-m", "mcp_server_git", "--repository", str(repo)]}
     await rpc.call("ctx.mcp.servers.upsert", {"server": server})

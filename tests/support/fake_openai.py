@@ -10,9 +10,9 @@ several deltas, each tool call as an id+name fragment followed by argument fragm
 ``prompt_tokens_details.cached_tokens``.
 
 Test knobs (each applies to the next request only): ``fail_next`` (an HTTP status), ``reply_next`` (the
-assistant message to answer with instead of deciding), ``delay_next_s`` (seconds before answering), ``break_next`` (``"cut"``: the body ends mid-way without
-finish_reason or [DONE]; ``"drop"``: the connection is lost mid-body; ``"error"``: an error object arrives
-mid-stream).
+assistant message to answer with instead of deciding), ``delay_next_s`` (seconds before answering), ``break_next``
+(``"cut"``: the body ends mid-way without finish_reason or [DONE]; ``"drop"``: the connection is lost mid-body;
+``"error"``: an error object arrives mid-stream).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_reused_call_ids_across_turns_pair_in_order():
     assert orphan_count(rows) == 0
     assert duplicate_call_ids(rows) == ["call_1_1"]
     # a second result for the same call is an orphan even though the id is known
-    assert orphans(rows + [msg("tool", result("call_1_1"))])["results"] == ["call_1_1"]
+    assert orphans([*rows, msg("tool", result("call_1_1"))])["results"] == ["call_1_1"]
 
 
 # ---------------------------------------------------------------- raw history
@@ -228,7 +228,7 @@ def test_history_problems_of_a_consistent_and_a_broken_turn():
             {"id": "t1", "role": "tool", "turnId": "T", "parts": [result("call_1_1")]},
             {"id": "a2", "role": "assistant", "turnId": "T", "parts": [{"type": "text", "text": "done"}]}]
     assert history_problems(good, "T", script) == []
-    twice = good + [good[1]]
+    twice = [*good, good[1]]
     problems = history_problems(twice, "T", script)
     assert any("more than once" in p for p in problems)
     assert any("assistant messages" in p for p in problems)

@@ -146,8 +146,9 @@ TURN = [
        toolName="mcp__time__get_current_time_0123456789abcdef0123", input={}),
     ev(7, "ToolResultRecorded", step=1, toolCallId="call_1_1", toolName="read_file", trimmed=True,
        output={"type": "text", "value": "excerpt … <persisted-output>"}, offload=OFFLOAD),
-    ev(8, "ToolResultRecorded", step=1, toolCallId="call_1_2", toolName="mcp__time__get_current_time_0123456789abcdef0123",
-       trimmed=False, output={"type": "text", "value": "2026-11-30T10:00:00Z"}),
+    ev(8, "ToolResultRecorded", step=1, toolCallId="call_1_2",
+       toolName="mcp__time__get_current_time_0123456789abcdef0123", trimmed=False,
+       output={"type": "text", "value": "2026-11-30T10:00:00Z"}),
     ev(9, "CompactionDecided", phase="in-loop", status="done", preTokens=13_000, postTokens=2_100, step=2),
     ev(10, "InLoopFoldRecorded", step=2, consumedCount=3, compactedPrefix=[]),
     ev(11, "StepServed", step=2, servedTokens=2_500, messagesServed=3, requestHash="e" * 64,
@@ -353,7 +354,7 @@ def test_transport_failures_become_connection_failed():
         raise httpx.ConnectError("connection refused", request=request)
 
     client = mock_client(handler)
-    with pytest.raises(ConnectionFailed, match="cannot reach the orchestration service at http://ctx.test"):
+    with pytest.raises(ConnectionFailed, match=r"cannot reach the orchestration service at http://ctx\.test"):
         client.create_conversation()
     with pytest.raises(ConnectionFailed):  # the first connect of an event stream fails fast too
         list(client.events("c", "t", sleep=lambda s: None))
@@ -435,7 +436,7 @@ def test_follow_gives_up_only_when_the_server_stays_unreachable():
     def sleep(s: float) -> None:
         now[0] += s
 
-    with pytest.raises(ConnectionFailed, match="unreachable .* times in a row over 120s"):
+    with pytest.raises(ConnectionFailed, match=r"unreachable .* times in a row over 120s"):
         list(mock_client(handler).events("c", "t", sleep=sleep, clock=lambda: now[0]))
     assert now[0] >= 120  # an edge being restarted had two minutes to come back
 

@@ -77,10 +77,13 @@ def _served(v: int, step: int, parts: list[dict], parent: str) -> dict:
 
 
 def test_a_failed_turn_keeps_only_finished_steps():
-    c = lambda s: {"type": "tool-call", "toolCallId": f"call_{s}", "toolName": "web_fetch", "input": {}}
-    res = lambda v, s: {"version": v, "type": "ToolResultRecorded", "data": {
-        "turnId": T, "step": s, "toolCallId": f"call_{s}", "toolName": "web_fetch",
-        "output": {"type": "text", "value": "r"}, "trimmed": False}}
+    def c(s):
+        return {"type": "tool-call", "toolCallId": f"call_{s}", "toolName": "web_fetch", "input": {}}
+
+    def res(v, s):
+        return {"version": v, "type": "ToolResultRecorded", "data": {
+            "turnId": T, "step": s, "toolCallId": f"call_{s}", "toolName": "web_fetch",
+            "output": {"type": "text", "value": "r"}, "trimmed": False}}
     events = [{"version": 1, "type": "TurnQueued", "data": {"turnId": T, "conversationId": "c", "userMessageId": "u"}},
               _served(2, 1, [c(1)], "u"), res(3, 1), _served(4, 2, [c(2)], message_id(T, 1, "t"))]
     st = fold(T, events)

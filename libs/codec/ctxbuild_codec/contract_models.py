@@ -1,8 +1,8 @@
 """The generated pydantic model of a subject's request or reply, or of an event, by name.
 
 The models live in :mod:`ctxbuild_codec.models` (generated from contracts/ by ``libs/codec/codegen.py``; one module per
-schema; ``models/index.py`` names each schema's own model). JSON Schema stays the contract: ``@rpc`` validates against it first, so a
-model only ever parses what the schema accepted.
+schema; ``models/index.py`` names each schema's own model). JSON Schema stays the contract: ``@rpc`` validates against
+it first, so a model only ever parses what the schema accepted.
 """
 
 from __future__ import annotations
