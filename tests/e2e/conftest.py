@@ -4,7 +4,7 @@ records every payload crossing a ctx.* subject (and the replies to them) for con
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import nats
@@ -13,7 +13,7 @@ import pytest_asyncio
 from ctxbuild_devstack import SERVICES, free_port
 
 from tests.support.fake_openai import FakeOpenAI
-from tests.support.server import ThreadedServer
+from tests.support.server import serving
 from tests.support.web_pages import PageServer
 
 
@@ -22,12 +22,6 @@ class Tap:
     requests: list[tuple[str, bytes, str | None]] = field(default_factory=list)  # subject, data, reply inbox
     replies: dict[str, bytes] = field(default_factory=dict)  # inbox → data
     events: list[tuple[str, bytes]] = field(default_factory=list)  # ctx.evt.<Type> publishes
-
-
-def serving(server: ThreadedServer) -> Iterator[ThreadedServer]:
-    """A fixture's body for a local server: started for the fixture's scope, stopped after it."""
-    yield server.start()
-    server.stop()
 
 
 @pytest.fixture(scope="session")

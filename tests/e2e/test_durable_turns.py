@@ -24,7 +24,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from tests.support.auth import AUTH
-from tests.support.server import ThreadedServer
+from tests.support.server import ThreadedServer, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -53,9 +53,7 @@ class SlowPages(ThreadedServer):
 
 @pytest.fixture(scope="module")
 def pages():
-    server = SlowPages(free_port()).start()
-    yield server
-    server.stop()
+    yield from serving(SlowPages(free_port()))
 
 
 def runner_env(**extra: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from ctxbuild_devstack import free_port
 
 from tests.integration.test_compaction import seed_conversation
 from tests.support.fake_openai import FakeOpenAI
+from tests.support.server import serving
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +28,7 @@ def services(start_service):
 
 @pytest.fixture(scope="module")
 def model():
-    server = FakeOpenAI(free_port()).start()
-    yield server
-    server.stop()
+    yield from serving(FakeOpenAI(free_port()))
 
 
 def summarizers(model) -> Summarizers:

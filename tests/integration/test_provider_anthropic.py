@@ -8,6 +8,7 @@ from ctxbuild_devstack import free_port
 from ctxbuild_providers import AnthropicMessagesProvider, ModelRequest, ProviderError, ToolSpec
 
 from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.server import serving
 from tests.support.text_deltas import Deltas
 
 pytestmark = pytest.mark.integration
@@ -19,9 +20,7 @@ USER = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
 @pytest.fixture
 def fake():
     """Per test: the fake's cache answer depends on how many requests it has seen."""
-    server = FakeAnthropic(free_port()).start()
-    yield server
-    server.stop()
+    yield from serving(FakeAnthropic(free_port()))
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

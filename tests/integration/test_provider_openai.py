@@ -8,6 +8,7 @@ from ctxbuild_devstack import free_port
 from ctxbuild_providers import ModelRequest, OpenAIChatProvider, ProviderError, ToolSpec
 
 from tests.support.fake_openai import FakeOpenAI
+from tests.support.server import serving
 from tests.support.text_deltas import Deltas
 
 pytestmark = pytest.mark.integration
@@ -22,9 +23,7 @@ HI = [{"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]
 
 @pytest.fixture(scope="module")
 def fake():
-    server = FakeOpenAI(free_port()).start()
-    yield server
-    server.stop()
+    yield from serving(FakeOpenAI(free_port()))
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])

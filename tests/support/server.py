@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -27,3 +28,13 @@ class ThreadedServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(5)
+
+
+S = TypeVar("S", bound=ThreadedServer)
+
+
+def serving(server: S) -> Iterator[S]:
+    """A fixture's body for a local server (``yield from serving(FakeOpenAI(free_port()))``): started for the
+    fixture's scope, stopped after it."""
+    yield server.start()
+    server.stop()
