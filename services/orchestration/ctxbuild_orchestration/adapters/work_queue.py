@@ -32,6 +32,7 @@ from ctxbuild_platform.consumers import ConsumerHealth, supervise
 from ctxbuild_platform.deadletter import DeadLetters
 from ctxbuild_platform.errors import InvalidPayload
 from ctxbuild_platform.rpc import unprocessable
+from ctxbuild_platform.streams import ensure_stream
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -101,15 +102,9 @@ class TurnQueue:
     async def ensure(self) -> None:
         """Create the stream and the durable pull consumer if they are missing (idempotent, replica-safe)."""
         js, c = self._js(), self.config
-        try:
-            await js.stream_info(c.stream)
-        except NotFoundError:
-            try:
-                await js.add_stream(StreamConfig(name=c.stream, subjects=[c.subject],
-                                                 retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
-                                                 duplicate_window=c.duplicate_window_s, num_replicas=c.replicas))
-            except BadRequestError:
-                await js.stream_info(c.stream)  # another replica created it
+        await ensure_stream(js, StreamConfig(name=c.stream, subjects=[c.subject], retention=RetentionPolicy.WORK_QUEUE,
+                                             storage=StorageType.FILE, duplicate_window=c.duplicate_window_s,
+                                             num_replicas=c.replicas))
         try:
             await js.consumer_info(c.stream, c.durable)
         except NotFoundError:

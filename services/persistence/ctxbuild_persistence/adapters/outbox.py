@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from ctxbuild_platform.streams import ensure_stream
 from nats.aio.client import Client as NatsClient
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
 
 from .db import Database
 from .event_store import dumps, row_to_event
@@ -77,18 +77,12 @@ class OutboxRelay(WakeableWorker):
 
     # ---------- work ----------
     async def ensure_stream(self) -> None:
-        js = self._js()
-        try:
-            await js.stream_info(self.stream)
-        except NotFoundError:
-            try:
-                await js.add_stream(StreamConfig(name=self.stream, subjects=[f"{self.subject_prefix}.>"],
-                                                 storage=StorageType.FILE,
-                                                 duplicate_window=self.duplicate_window_s,
-                                                 num_replicas=self.replicas, max_age=self.max_age_s or None))
-                log.info("stream-created", stream=self.stream)
-            except BadRequestError:
-                await js.stream_info(self.stream)  # created concurrently by another replica
+        if await ensure_stream(self._js(), StreamConfig(name=self.stream, subjects=[f"{self.subject_prefix}.>"],
+                                                        storage=StorageType.FILE,
+                                                        duplicate_window=self.duplicate_window_s,
+                                                        num_replicas=self.replicas,
+                                                        max_age=self.max_age_s or None)):
+            log.info("stream-created", stream=self.stream)
         self._stream_ready = True
 
     def _js(self) -> JetStreamContext:
