@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
@@ -25,6 +25,7 @@ from .settings import ServiceSettings
 from .telemetry import TracingMiddleware, configure_tracing
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+S = TypeVar("S", bound=ServiceSettings)
 
 
 def broker_options(settings: ServiceSettings) -> dict[str, Any]:
@@ -129,3 +130,22 @@ def serve(app: Any, settings: ServiceSettings) -> None:
                             access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 1,
                             lifespan="on")
     _DrainingServer(config).run()
+
+
+def entry_points(build: Callable[[S], Any], settings_type: Callable[[], S]) -> tuple[Callable[..., Any],
+                                                                                   Callable[[], None]]:
+    """A service's ``create_app`` and ``main`` from its ``build(settings)`` (``__main__``:
+    ``create_app, main = entry_points(build, Settings)``).
+
+    - ``create_app(settings=None)``: the app, unconnected until it starts (for `make contracts`' AsyncAPI and for
+      tests); settings from the environment when none are given.
+    - ``main()``: settings from the environment, then :func:`serve` until SIGTERM (drain, exit 0).
+    """
+    def create_app(settings: S | None = None) -> Any:
+        return build(settings or settings_type())
+
+    def main() -> None:
+        settings = settings_type()
+        serve(build(settings), settings)
+
+    return create_app, main

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform.rpc import RpcClient
-from ctxbuild_platform.service import make_app, make_broker, serve
+from ctxbuild_platform.service import entry_points, make_app, make_broker
 
 from .adapters.blobstore import BlobStore
 from .adapters.persistence import History
@@ -29,14 +29,7 @@ def build(settings: Settings):  # -> the ASGI app
     return make_app(settings, broker)
 
 
-def create_app(settings: Settings | None = None):
-    """The app, for `make contracts` (AsyncAPI) and for tests; no connection is made until it starts."""
-    return build(settings or Settings())
-
-
-def main() -> None:
-    settings = Settings()
-    serve(build(settings), settings)
+create_app, main = entry_points(build, Settings)
 
 
 if __name__ == "__main__":

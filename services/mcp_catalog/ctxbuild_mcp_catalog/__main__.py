@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from ctxbuild_platform import claims
-from ctxbuild_platform.service import make_app, make_broker, serve
+from ctxbuild_platform.service import entry_points, make_app, make_broker
 from faststream.asgi import AsgiResponse, get
 
 from .adapters.notifications import make_publisher
@@ -25,8 +25,7 @@ from .settings import Settings
 log = structlog.get_logger("mcp_catalog")
 
 
-def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
-    settings = settings or Settings()
+def build(settings: Settings) -> Any:
     broker = make_broker(settings)
     url = str(settings.database_url)
     registry = Registry(url, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
@@ -58,17 +57,10 @@ def build(settings: Settings | None = None) -> tuple[Any, Settings, Catalog]:
                    # sessions and the pool close only after the broker drained in-flight calls
                    after_shutdown=[catalog.close, registry.close],
                    extra_routes=[("/mcp/servers", servers)])
-    return app, settings, catalog
+    return app
 
 
-def create_app(settings: Settings | None = None) -> Any:
-    """The app, for `make contracts` (AsyncAPI) and for tests; no connection is made until it starts."""
-    return build(settings)[0]
-
-
-def main() -> None:
-    app, settings, _ = build()
-    serve(app, settings)
+create_app, main = entry_points(build, Settings)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any
 from ctxbuild_platform.deadletter import DeadLetterConfig, DeadLetters
 from ctxbuild_platform.logging import configure_logging
 from ctxbuild_platform.rpc import RpcClient
-from ctxbuild_platform.service import broker_options, serve
+from ctxbuild_platform.service import broker_options, entry_points
 from fastapi import FastAPI
 from faststream.nats.fastapi import NatsRouter
 
@@ -29,8 +29,7 @@ from .routers.health import Readiness
 from .settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+def build(settings: Settings) -> FastAPI:
     configure_logging(settings.service_name, settings.log_level)
     router = NatsRouter(**broker_options(settings))
     broker = router.broker
@@ -91,9 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def main() -> None:
-    settings = Settings()
-    serve(create_app(settings), settings)
+create_app, main = entry_points(build, Settings)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform.rpc import RpcClient
-from ctxbuild_platform.service import make_app, make_broker, serve
+from ctxbuild_platform.service import entry_points, make_app, make_broker
 from faststream.asgi import AsgiFastStream, AsgiResponse, get
 
 from .adapters.blobs import LaneBlobs
@@ -93,9 +93,7 @@ def build(settings: Settings) -> AsgiFastStream:
     return app
 
 
-def create_app() -> AsgiFastStream:
-    """The app from the environment, unconnected (also used by `ctxbuild_platform.gen_docs`)."""
-    return build(Settings())
+create_app, serve_from_environment = entry_points(build, Settings)
 
 
 async def _rebuild(url: str, verify: bool, batch_size: int) -> dict:
@@ -127,8 +125,7 @@ def cli(argv: list[str]) -> int:
             p.add_argument("--batch-size", type=int, default=1000)
     args = parser.parse_args(argv)
     if args.command in (None, "serve"):
-        settings = Settings()
-        serve(build(settings), settings)
+        serve_from_environment()
         return 0
     if not args.database_url:
         parser.error("no database URL: set CTX_DATABASE_URL or pass --database-url")

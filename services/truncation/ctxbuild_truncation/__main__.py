@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_platform import claims
 from ctxbuild_platform.rpc import RpcClient, raw_body
-from ctxbuild_platform.service import make_app, make_broker, serve
+from ctxbuild_platform.service import entry_points, make_app, make_broker
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 
@@ -50,14 +50,7 @@ def build(settings: Settings):  # -> the ASGI app
     return make_app(settings, broker, after_shutdown=[stop_threads])
 
 
-def create_app(settings: Settings | None = None):
-    """The app, for `make contracts` (AsyncAPI) and for tests; no connection is made until it starts."""
-    return build(settings or Settings())
-
-
-def main() -> None:
-    settings = Settings()
-    serve(build(settings), settings)
+create_app, main = entry_points(build, Settings)
 
 
 if __name__ == "__main__":
