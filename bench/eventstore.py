@@ -128,7 +128,7 @@ async def run(stack: Stack, n_ratio: int, rounds: int, n_throughput: int, n_pace
 
     await nc.subscribe("bench.floor", cb=echo)
     store_db = Database(stack.env["CTX_DATABASE_URL"], min_size=1, max_size=2)
-    await store_db.open()
+    await store_db.connect()
     store = EventStore(store_db)
     svc_ms: list[float] = []
     raw_ms: list[float] = []

@@ -193,7 +193,7 @@ async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, st
     tracking row serialises them, and the rows equal a rebuild from the events."""
     url = stack.env["CTX_DATABASE_URL"]
     db = Database(url, min_size=1, max_size=4)
-    await db.open()
+    await db.connect()
     other = Projector(db, batch_size=7, batch_bytes=300, poll_interval_s=0.01)  # small batches, cut by bytes too
     await other.start()
     try:

@@ -1,4 +1,5 @@
-"""One classification of Postgres errors for every service that talks to it (persistence, blob store, catalog).
+"""One classification of Postgres errors for every service that talks to it (persistence, blob store, catalog), and
+the asyncpg pool holder a service opens at start-up.
 
 *Unavailable* means "not reachable or not able to answer right now": the connection, a timeout, a shutdown, too many
 connections, and the transient conflicts a retry resolves (serialization failure, deadlock, a cancelled statement).
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from .errors import DependencyUnavailable, InvalidPayload
+from .migrations import plain_url
 
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError, asyncio.TimeoutError, TimeoutError,
@@ -38,3 +40,42 @@ async def postgres_errors(what: str = "postgres") -> AsyncIterator[None]:
         raise DependencyUnavailable(f"{what}: {type(exc).__name__}: {exc}"[:300]) from exc
     except BAD_VALUE as exc:
         raise InvalidPayload(f"a value is out of range for the database: {exc}"[:300]) from exc
+
+
+class PostgresPool:
+    """An asyncpg pool: connected at start-up, closed after the broker has drained the in-flight handlers that use
+    it. ``timeout`` (when given) bounds a connection attempt and every statement."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None) -> None:
+        self.url = plain_url(url)  # ``postgresql[+driver]://…`` → the form asyncpg takes
+        self.min_size, self.max_size, self.timeout = min_size, max_size, timeout
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise DependencyUnavailable("postgres: not connected")
+        return self._pool
+
+    async def connect(self) -> None:
+        if self._pool is None:
+            bounds = {} if self.timeout is None else {"timeout": self.timeout, "command_timeout": self.timeout}
+            self._pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size,
+                                                   **bounds)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), timeout=10)
+            except TimeoutError:
+                pool.terminate()
+
+    async def ping(self) -> bool:
+        if self._pool is None:
+            return False
+        try:
+            async with self._pool.acquire(timeout=2) as conn:
+                return await conn.fetchval("SELECT 1") == 1
+        except Exception:  # noqa: BLE001 - any failure is "not ready"
+            return False

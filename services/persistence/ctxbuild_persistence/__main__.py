@@ -69,7 +69,7 @@ def build(settings: Settings) -> AsgiFastStream:
         if settings.migrate_on_start:
             applied = await asyncio.to_thread(migrate, url)
             log.info("migrations", applied=applied)
-        await db.open()
+        await db.connect()
 
     @get(include_in_schema=False)
     async def projection_status(scope: Any) -> AsgiResponse:
@@ -100,7 +100,7 @@ async def _rebuild(url: str, verify: bool, batch_size: int) -> dict:
     await wait_for_postgres(url, 30)
     applied = await asyncio.to_thread(migrate, url)
     db = Database(url, min_size=1, max_size=2)
-    await db.open()
+    await db.connect()
     try:
         report = await rebuild(db, verify=verify, batch_size=batch_size)
     finally:

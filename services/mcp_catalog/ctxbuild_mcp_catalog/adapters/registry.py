@@ -18,11 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import structlog
 from ctxbuild_platform import migrations
 from ctxbuild_platform.errors import DependencyUnavailable
-from ctxbuild_platform.postgres import UNAVAILABLE, postgres_errors
+from ctxbuild_platform.postgres import UNAVAILABLE, PostgresPool, postgres_errors
 
 from ..settings import McpServerConfig
 
@@ -68,34 +67,10 @@ def _record(row: Any) -> ServerRecord:
                         row["created_at"], row["updated_at"], row["tools_fingerprint"])
 
 
-class Registry:
+class Registry(PostgresPool):
     def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 5, timeout: float = 10.0) -> None:
-        self.url = plain_url(database_url)
-        self.min_size, self.max_size, self.timeout = min_size, max_size, timeout
-        self._pool: asyncpg.Pool | None = None
+        super().__init__(database_url, min_size=min_size, max_size=max_size, timeout=timeout)
         self._snapshot: list[ServerRecord] | None = None
-
-    async def connect(self) -> None:
-        self._pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size,
-                                               timeout=self.timeout, command_timeout=self.timeout)
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise DependencyUnavailable("postgres: registry not connected")
-        return self._pool
-
-    async def ping(self) -> bool:
-        try:
-            async with self.pool.acquire(timeout=2) as conn:
-                return await conn.fetchval("SELECT 1") == 1
-        except Exception:  # noqa: BLE001
-            return False
 
     async def seed(self, servers: list[McpServerConfig]) -> dict[str, list[str]]:
         """Apply CTX_MCP_SERVERS (see the module doc). Returns what changed, for the log."""

@@ -1,4 +1,4 @@
-"""Postgres plumbing: URL forms, start-up migrations (yoyo, psycopg 3) and the asyncpg pool."""
+"""Postgres plumbing: URL forms, start-up migrations (yoyo, psycopg 3) and the asyncpg pool (the platform's)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncpg
 import structlog
 from ctxbuild_platform import migrations
+from ctxbuild_platform.postgres import PostgresPool
 
 SCHEMA = "persistence"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -50,35 +51,4 @@ async def wait_for_postgres(url: str, timeout: float) -> None:
             delay = min(delay * 2, 2.0)
 
 
-class Database:
-    """Owns the asyncpg pool; created at start-up, closed after the broker has drained."""
-
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
-        self.url = url
-        self.min_size = min_size
-        self.max_size = max_size
-        self._pool: asyncpg.Pool | None = None
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise RuntimeError("database pool not open")
-        return self._pool
-
-    async def open(self) -> None:
-        if self._pool is None:
-            self._pool = await asyncpg.create_pool(asyncpg_dsn(self.url), min_size=self.min_size,
-                                                   max_size=self.max_size)
-
-    async def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            try:
-                await asyncio.wait_for(pool.close(), timeout=10)
-            except TimeoutError:
-                pool.terminate()
-
-    async def ping(self) -> bool:
-        if self._pool is None:
-            return False
-        return await self._pool.fetchval("SELECT 1") == 1
+Database = PostgresPool  # the event store's pool: connected at start-up, closed after the broker has drained
