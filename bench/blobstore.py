@@ -8,7 +8,7 @@
 - fs_read of a 2,000-line page at random offsets of a 100 MB blob (17-byte lines, so a full page fits the
   default 50,000-char cap): median and p99.
 - Context, ``claim_check_floor``: the same put/get (interleaved with the raw client, its own samples) through a
-  bare nats-py responder that does only the transport — pull + hash + signed PUT; GET + push in two messages +
+  bare nats-py responder that does only the transport — pull + hash + PUT; GET + push in two messages +
   the caller's sha256 check — with no framework, Postgres, contracts or index: the lowest ratio a claim-check
   service can reach on this machine, against which the service's own ratios read.
 
@@ -35,7 +35,6 @@ import uuid
 from pathlib import Path
 
 from ctxbuild_blobclient import BlobClient
-from ctxbuild_blobclient.client import tune_malloc, tune_nats_reads
 from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
@@ -96,6 +95,36 @@ def summary(xs: list[float]) -> dict:
             "min_ms": round(min(xs) * 1000, 3), "n": len(xs)}
 
 
+async def side_by_side(n: int, warmup: int, first: int, put, get, raw_put, raw_get) -> tuple[list[float], ...]:
+    """``n`` put+get pairs (after ``warmup`` unmeasured ones) of distinct 1 MiB texts (``blob_text(first + i)``),
+    each timed beside the raw client's on the same bytes, the order alternating every iteration; reads of blobs
+    never read before. ``put(i, text, data)`` returns what ``get`` takes. Returns the samples (put, raw put, get,
+    raw get)."""
+    samples: tuple[list[float], ...] = ([], [], [], [])
+    for i in range(n + warmup):
+        text = blob_text(first + i)
+        data = text.encode()
+        key = f"bench-raw/{uuid.uuid4().hex}"
+        order = ("svc", "raw") if i % 2 == 0 else ("raw", "svc")
+        puts, gets, ref = {}, {}, None
+        for who in order:  # put side by side
+            t0 = time.perf_counter()
+            if who == "svc":
+                ref = await put(i, text, data)
+            else:
+                raw_put(key, data)  # blocking, directly: the strictest baseline
+            puts[who] = time.perf_counter() - t0
+        for who in order:  # get side by side
+            t0 = time.perf_counter()
+            got = await get(ref) if who == "svc" else raw_get(key)
+            gets[who] = time.perf_counter() - t0
+            assert got == data
+        if i >= warmup:
+            for xs, x in zip(samples, (puts["svc"], puts["raw"], gets["svc"], gets["raw"]), strict=True):
+                xs.append(x)
+    return samples
+
+
 async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int) -> dict:
     env = stack.env
     minio = Minio(env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=env["CTX_S3_ACCESS_KEY"],
@@ -108,38 +137,15 @@ async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int)
 
     raw_put, raw_get = raw_s3(minio, bucket)
 
-    svc_put, svc_get, raw_puts, raw_gets = [], [], [], []
-    for i in range(n + warmup):
-        text = blob_text(i)
-        data = text.encode()
-        key = f"bench-raw/{uuid.uuid4().hex}"
-        order = ("svc", "raw") if i % 2 == 0 else ("raw", "svc")
-        sha = None
-        times = {}
-        for who in order:  # put side by side
-            t0 = time.perf_counter()
-            if who == "svc":
-                r = await client.put(text, conv, ("message", f"m{i}"), "tool_output")
-                sha = r["sha256"]
-                assert r["created"] and r["size"] == MIB
-            else:
-                raw_put(key, data)  # blocking, directly: the strictest baseline
-            times[who] = time.perf_counter() - t0
-        put_times = times
-        times = {}
-        for who in order:  # get side by side
-            t0 = time.perf_counter()
-            if who == "svc":
-                got = await client.get_bytes(conv, sha256=sha)
-            else:
-                got = raw_get(key)
-            times[who] = time.perf_counter() - t0
-            assert got == data
-        if i >= warmup:
-            svc_put.append(put_times["svc"])
-            raw_puts.append(put_times["raw"])
-            svc_get.append(times["svc"])
-            raw_gets.append(times["raw"])
+    async def svc_put(i: int, text: str, data: bytes) -> str:
+        r = await client.put(text, conv, ("message", f"m{i}"), "tool_output")
+        assert r["created"] and r["size"] == MIB
+        return r["sha256"]
+
+    async def svc_get(sha: str) -> bytes:
+        return await client.get_bytes(conv, sha256=sha)
+
+    svc_puts, raw_puts, svc_gets, raw_gets = await side_by_side(n, warmup, 0, svc_put, svc_get, raw_put, raw_get)
 
     # fs_read pages of a 100 MB blob
     t0 = time.perf_counter()
@@ -179,17 +185,17 @@ async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int)
     assert n_bytes == big["size"]
     await broker.stop()
 
-    put_ratio = statistics.median(svc_put) / statistics.median(raw_puts)
-    get_ratio = statistics.median(svc_get) / statistics.median(raw_gets)
+    put_ratio = statistics.median(svc_puts) / statistics.median(raw_puts)
+    get_ratio = statistics.median(svc_gets) / statistics.median(raw_gets)
     return {
         "put_ratio_vs_raw_s3": round(put_ratio, 3),
         "get_ratio_vs_raw_s3": round(get_ratio, 3),
         "target_ratio": TARGET_RATIO,
         "ratios_hold": put_ratio <= TARGET_RATIO and get_ratio <= TARGET_RATIO,
         "blob_bytes": MIB,
-        "service_put": summary(svc_put),
+        "service_put": summary(svc_puts),
         "raw_s3_put": summary(raw_puts),
-        "service_get": summary(svc_get),
+        "service_get": summary(svc_gets),
         "raw_s3_get": summary(raw_gets),
         "fs_read_2000_lines_100mb": {**summary(fs_times), "blob_bytes": big["size"], "total_lines": total_lines},
         "raw_s3_range_read_same_span_100mb": {**summary(raw_range), "span_bytes": span},
@@ -205,8 +211,6 @@ async def run_floor(stack: Stack, n: int, warmup: int) -> dict:
     minio = Minio(env["CTX_S3_ENDPOINT"].removeprefix("http://"), access_key=env["CTX_S3_ACCESS_KEY"],
                   secret_key=env["CTX_S3_SECRET_KEY"], secure=False)
     bucket = env["CTX_S3_BUCKET"]
-    tune_nats_reads()  # as BlobClient does for the service path
-    tune_malloc()
     nc = await nats.connect(env["CTX_NATS_URL"])
 
     raw_put, raw_get = raw_s3(minio, bucket)
@@ -224,7 +228,7 @@ FLOOR_PUT, FLOOR_GET = "bench.floor.put", "bench.floor.get"
 async def floor_responder() -> None:
     """The least a claim-check blob service can do here: a bare nats-py responder — no framework, no Postgres
     (no allow-list, no metadata, no lock), no contracts, no text index — that pulls an upload from the caller's
-    inbox, hashes it and PUTs it (signed with that hash, as the blob store does), and that GETs an object and
+    inbox, hashes it and PUTs it (as the blob store does), and that GETs an object and
     pushes it to the caller's inbox (two messages: 1 MiB and its headers do not fit one). Context for the
     ratios: what the transport alone costs on this machine."""
     import nats
@@ -239,12 +243,12 @@ async def floor_responder() -> None:
         req = json.loads(msg.data)
         data = (await nc.request(req["source"], b'{"seq":0}', timeout=10)).data
         sha = hashlib.sha256(data).hexdigest()
-        await asyncio.to_thread(s3._put, f"bench-floor/{sha}", data, "text/plain; charset=utf-8", sha)
+        await s3.put(f"bench-floor/{sha}", data)
         await nc.publish(msg.reply, json.dumps({"sha256": sha, "size": len(data)}).encode())
 
     async def get(msg) -> None:
         req = json.loads(msg.data)
-        data = await asyncio.to_thread(s3._read, f"bench-floor/{req['sha256']}", 0, None)
+        data = await s3.read(f"bench-floor/{req['sha256']}")
         for off in range(0, len(data), cut):
             await nc.publish(req["sink"], data[off:off + cut], headers={"Ctx-Blob-Offset": str(off)})
         await nc.publish(msg.reply, json.dumps({"size": len(data)}).encode())
@@ -294,33 +298,14 @@ async def measure_floor(nc, raw_put, raw_get, n: int, warmup: int) -> dict:
         finally:
             await sub.unsubscribe()
 
-    fp, fg, rp, rg = [], [], [], []
-    for i in range(n + warmup):
-        data = blob_text(1_000_000 + i).encode()
-        key = f"bench-raw/{uuid.uuid4().hex}"
-        order = ("floor", "raw") if i % 2 == 0 else ("raw", "floor")
-        puts, gets, sha = {}, {}, ""
-        for who in order:
-            t0 = time.perf_counter()
-            if who == "floor":
-                sha = await floor_put(data)
-            else:
-                raw_put(key, data)
-            puts[who] = time.perf_counter() - t0
-        for who in order:
-            t0 = time.perf_counter()
-            got = await floor_get(sha) if who == "floor" else raw_get(key)
-            gets[who] = time.perf_counter() - t0
-            assert got == data
-        if i >= warmup:
-            fp.append(puts["floor"])
-            rp.append(puts["raw"])
-            fg.append(gets["floor"])
-            rg.append(gets["raw"])
+    async def put(i: int, text: str, data: bytes) -> str:
+        return await floor_put(data)
+
+    fp, rp, fg, rg = await side_by_side(n, warmup, 1_000_000, put, floor_get, raw_put, raw_get)
     return {"put_ratio_vs_raw_s3": round(statistics.median(fp) / statistics.median(rp), 3),
             "get_ratio_vs_raw_s3": round(statistics.median(fg) / statistics.median(rg), 3),
             "floor_put": summary(fp), "raw_s3_put": summary(rp), "floor_get": summary(fg), "raw_s3_get": summary(rg),
-            "what": "bare nats-py responder: pull + hash + signed PUT; GET + 2-message push + caller's sha256 "
+            "what": "bare nats-py responder: pull + hash + PUT; GET + 2-message push + caller's sha256 "
                     "check; no framework, Postgres, contracts or index"}
 
 

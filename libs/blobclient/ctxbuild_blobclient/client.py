@@ -28,39 +28,14 @@ from ctxbuild_platform.rpc import RpcClient
 from nats.errors import MaxPayloadError
 
 from .chunks import Content, Rechunker, digest_str, pieces
+from .malloc import keep_chunk_buffers_in_heap
 
 ERROR_HEADER = "Ctx-Blob-Error"
 OFFSET_HEADER = "Ctx-Blob-Offset"
 INLINE_MAX_BYTES = 768 * 1024  # request JSON must stay under NATS max_payload (1 MB locally)
 LONG_CALL_S = 24 * 3600.0  # transfers are bounded by the idle watchdog, not by one overall deadline
-NATS_READ_BYTES = 1024 * 1024
 CHUNK_BYTES = 512 * 1024  # what iter_chunks yields at most
 HEADER_ROOM = 4096  # a pushed chunk carries headers; HPUB counts headers + payload against max_payload
-
-
-def tune_nats_reads(size: int = NATS_READ_BYTES) -> None:
-    """nats-py reads its socket 32 KiB at a time, i.e. 16 event-loop turns per 512 KiB chunk; reading up to
-    1 MiB per turn halves the latency of a chunk (measured: 2.5 → 1.3 ms per 512 KiB round trip). A
-    process-wide nats-py setting with no effect on semantics; raising it never lowers it."""
-    import nats.aio.client as nats_client
-
-    if getattr(nats_client, "DEFAULT_BUFFER_SIZE", 0) < size:
-        nats_client.DEFAULT_BUFFER_SIZE = size
-
-
-def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 64 << 20) -> bool:
-    """Serve chunk-sized buffers (≈1 MiB messages, joins, hashes' inputs) from glibc's heap instead of a fresh
-    mmap each: every new mapping is page-faulted in again (measured ~0.5 ms per 1 MiB copy in a VM vs ~0.03 ms
-    into reused memory). Process-wide, like :func:`tune_nats_reads` (``BlobClient(tune_reads=False)`` skips both);
-    glibc then keeps up to ``trim_threshold`` of free heap for reuse. A no-op off glibc; returns whether it
-    applied."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, mmap_threshold)) and bool(libc.mallopt(-1, trim_threshold))  # MMAP, TRIM
-    except (OSError, AttributeError):
-        return False
 
 
 def _owner(owner: Mapping[str, str] | tuple[str, str]) -> dict[str, str]:
@@ -74,9 +49,8 @@ class BlobClient:
     def __init__(self, rpc: RpcClient, *, inline_max_bytes: int = INLINE_MAX_BYTES, idle_timeout_s: float = 30.0,
                  commit_timeout_s: float = 120.0, timeout_s: float | None = None,
                  prehash_min_bytes: int = 4 * 1024 * 1024, tune_reads: bool = True) -> None:
-        if tune_reads:
-            tune_nats_reads()
-            tune_malloc()
+        if tune_reads:  # glibc's allocator thresholds, process-wide (see .malloc); False keeps the defaults
+            keep_chunk_buffers_in_heap()
         self.rpc = rpc
         self.prehash_min_bytes = prehash_min_bytes
         self.inline_max_bytes = inline_max_bytes
@@ -219,9 +193,9 @@ class BlobClient:
         except TimeoutError as exc:
             raise RemoteError(subject, "unavailable", "the blob store went quiet for "
                               f"{self.commit_timeout_s if state['eof'] else self.idle_timeout_s:g}s", True) from exc
-        except RemoteError:
+        except RemoteError as exc:
             if state["error"] is not None:
-                raise state["error"]  # the caller's own iterator failed: that is the error to see
+                raise state["error"] from exc  # the caller's own iterator failed: that is the error to see
             raise
         finally:
             state["watchdog"] = None

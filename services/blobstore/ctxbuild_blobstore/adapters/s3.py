@@ -8,7 +8,7 @@ client with a longer read timeout.
 Multipart uploads use minio's low-level calls (``_create_multipart_upload``, ``_upload_part``,
 ``_complete_multipart_upload``, ``_abort_multipart_upload``, ``_list_multipart_uploads``): the high-level
 ``put_object`` cannot verify a content hash before completing, and a multipart upload only becomes a visible
-object when it is completed.
+object when it is completed. They are used here only, and pinned by ``tests/unit/test_blobstore_adapters.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from minio import Minio
 from minio.commonconfig import CopySource
 from minio.datatypes import Part
 from minio.error import InvalidResponseError, S3Error, ServerError
+from minio.helpers import MIN_PART_SIZE
 
 from ..domain.gcpolicy import StoredObject
 from ..domain.keys import object_key
@@ -57,23 +58,6 @@ def _http(timeout: float, read_timeout: float, secure: bool) -> urllib3.PoolMana
     )
 
 
-class _Minio(Minio):
-    """Minio that signs a PUT body with the sha256 the caller already computed (header ``x-amz-content-sha256``)
-    instead of hashing the body a second time: the blob store hashes every byte anyway (it is the content
-    address), so over plain HTTP minio's own pass would double the hashing of every write. Over HTTPS, or
-    without the header, minio's behaviour is unchanged. The server still verifies the signed payload hash."""
-
-    def _build_headers(self, host: str, headers: dict | None = None, body: bytes | None = None,
-                       creds: Any = None) -> tuple[dict, datetime]:
-        known = (headers or {}).get("x-amz-content-sha256")
-        if known is None or not body or creds is None or self._base_url.is_https:
-            return super()._build_headers(host, headers, body, creds)
-        out, date = super()._build_headers(host, headers, None, creds)
-        out["Content-Length"] = str(len(body))
-        out["x-amz-content-sha256"] = known
-        return out, date
-
-
 class ObjectStore:
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, *,
                  region: str = "us-east-1", timeout: float = 3.0, slow_timeout: float = 120.0) -> None:
@@ -81,7 +65,7 @@ class ObjectStore:
         secure = parts.scheme == "https"
 
         def client(read_timeout: float) -> Minio:
-            return _Minio(parts.netloc, access_key=access_key, secret_key=secret_key, secure=secure,
+            return Minio(parts.netloc, access_key=access_key, secret_key=secret_key, secure=secure,
                          region=region, http_client=_http(timeout, read_timeout, secure))
 
         self.client = client(timeout)
@@ -133,20 +117,15 @@ class ObjectStore:
         return bool(await self._s3("bucket_exists", self.client.bucket_exists, self.bucket))
 
     # ---------- whole objects ----------
-    async def put(self, key: str, data: bytes, content_type: str = CONTENT_TYPE, *,
-                  sha256: str | None = None) -> None:
-        """One PUT of ``data``. ``sha256``: its hex digest when the caller knows it (signs the request without
-        a second hashing pass, and without put_object's copy of the body through a stream)."""
+    async def put(self, key: str, data: bytes, content_type: str = CONTENT_TYPE) -> None:
+        """One PUT of ``data`` (never a multipart upload, whatever its size)."""
         with span("s3.put", key=key, size=len(data)):
-            await self._s3("put_object", self._put, key, data, content_type, sha256, slow=len(data) > (4 << 20))
+            await self._s3("put_object", self._put, key, data, content_type, slow=len(data) > (4 << 20))
 
-    def _put(self, key: str, data: bytes, content_type: str, sha256: str | None = None) -> None:
+    def _put(self, key: str, data: bytes, content_type: str) -> None:
         client = self.slow if len(data) > (4 << 20) else self.client
-        if sha256 is None or not data:
-            client.put_object(self.bucket, key, io.BytesIO(data), len(data), content_type=content_type)
-            return
-        client._put_object(self.bucket, key, data, headers={"Content-Type": content_type,
-                                                           "x-amz-content-sha256": sha256})
+        client.put_object(self.bucket, key, io.BytesIO(data), len(data), content_type=content_type,
+                          part_size=max(len(data), MIN_PART_SIZE))
 
     async def ensure_object(self, sha256: str, data: bytes, content_type: str = CONTENT_TYPE) -> bool:
         """Write ``blobs/<sha256>`` unless an object of that size is there; True when written."""

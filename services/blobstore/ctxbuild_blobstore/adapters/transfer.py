@@ -35,35 +35,6 @@ NO_RESPONDERS = "503"  # the server's status reply to a message nobody subscribe
 HEADER_ROOM = 4096  # bytes of a pushed message kept free for its headers (HPUB counts headers + payload)
 
 
-def tune_nats_reads(size: int = 1024 * 1024) -> None:
-    """nats-py reads its socket 32 KiB per event-loop turn (16 turns per 512 KiB chunk); 1 MiB per turn halves
-    a chunk's latency. Process-wide, semantics unchanged; never lowers a larger setting."""
-    import nats.aio.client as nats_client
-
-    if getattr(nats_client, "DEFAULT_BUFFER_SIZE", 0) < size:
-        nats_client.DEFAULT_BUFFER_SIZE = size
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-
-
-def tune_malloc(mmap_threshold: int = 16 << 20, trim_threshold: int = 64 << 20) -> bool:
-    """Keep large buffers in the heap instead of fresh mmaps. glibc serves every allocation over its mmap threshold
-    (128 KiB at start) with a new mmap, so each 1 MiB chunk buffer — socket reads, the NATS parser, message
-    payloads, S3 bodies, joins — is page-faulted in afresh and unmapped again: measured ~0.5 ms per 1 MiB copy in
-    a VM, against ~0.03 ms for a copy into memory already mapped. With the thresholds raised, freed chunk
-    buffers are reused (up to ``trim_threshold`` of free heap is kept). Process-wide; a no-op off glibc.
-    Returns whether it applied."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):
-        return False
-
-
 class TransferAborted(ServiceError):
     """The caller's side of a data channel went away, timed out or reported an error."""
 
