@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ctxbuild_platform.service import make_app, make_broker, serve
+from ctxbuild_platform.service import entry_points, make_app, make_broker
 from faststream.asgi import AsgiFastStream
 
 from .adapters.migrate import apply_migrations
@@ -69,14 +69,7 @@ def build(settings: Settings) -> AsgiFastStream:
     return app
 
 
-def create_app() -> AsgiFastStream:
-    """The app from the environment, unconnected (also used by `ctxbuild_platform.gen_docs`)."""
-    return build(Settings())
-
-
-def main() -> None:
-    settings = Settings()
-    serve(build(settings), settings)
+create_app, main = entry_points(build, Settings)
 
 
 if __name__ == "__main__":
