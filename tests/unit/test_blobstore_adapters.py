@@ -71,30 +71,9 @@ def test_the_minio_multipart_calls_the_s3_adapter_relies_on_are_unchanged():
         assert list(inspect.signature(getattr(Minio, name)).parameters)[1:] == params, name
 
 
-def test_the_one_allocator_tuning_the_blob_store_keeps_is_glibcs_mallopt():
-    """``ctxbuild_blobclient.malloc`` (applied by BlobClient unless ``tune_reads=False``) raises glibc's mmap/trim
-    thresholds through ctypes: pinned here — the symbol and the two parameter numbers must still be accepted
-    (mallopt answers 0 for an unknown one)."""
-    import ctypes
-    import platform
-
-    from ctxbuild_blobclient.malloc import (
-        M_MMAP_THRESHOLD,
-        M_TRIM_THRESHOLD,
-        keep_chunk_buffers_in_heap,
-    )
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("mallopt is glibc's")
-    libc = ctypes.CDLL("libc.so.6")
-    assert (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) == (-3, -1)  # <malloc.h>
-    assert libc.mallopt(M_MMAP_THRESHOLD, 16 << 20) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 64 << 20) == 1
-    assert keep_chunk_buffers_in_heap() is True
-
-
-def test_a_blob_client_leaves_nats_py_settings_alone():
-    """Building a BlobClient (every service that calls the blob store does) leaves nats-py's module settings as
-    they were: its one process-wide setting is the allocator's (``ctxbuild_blobclient.malloc``)."""
+def test_a_blob_client_leaves_process_wide_settings_alone():
+    """Building a BlobClient (every service that calls the blob store does) changes nothing process-wide: nats-py's
+    module settings stay as they were (and no allocator tuning: the project buys no speed with process-wide hacks)."""
     import nats.aio.client as nats_client
     from ctxbuild_blobclient import BlobClient
 

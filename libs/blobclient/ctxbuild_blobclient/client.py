@@ -28,7 +28,6 @@ from ctxbuild_platform.rpc import RpcClient
 from nats.errors import MaxPayloadError
 
 from .chunks import Content, Rechunker, digest_str, pieces
-from .malloc import keep_chunk_buffers_in_heap
 
 ERROR_HEADER = "Ctx-Blob-Error"
 OFFSET_HEADER = "Ctx-Blob-Offset"
@@ -48,9 +47,7 @@ def _owner(owner: Mapping[str, str] | tuple[str, str]) -> dict[str, str]:
 class BlobClient:
     def __init__(self, rpc: RpcClient, *, inline_max_bytes: int = INLINE_MAX_BYTES, idle_timeout_s: float = 30.0,
                  commit_timeout_s: float = 120.0, timeout_s: float | None = None,
-                 prehash_min_bytes: int = 4 * 1024 * 1024, tune_reads: bool = True) -> None:
-        if tune_reads:  # glibc's allocator thresholds, process-wide (see .malloc); False keeps the defaults
-            keep_chunk_buffers_in_heap()
+                 prehash_min_bytes: int = 4 * 1024 * 1024) -> None:
         self.rpc = rpc
         self.prehash_min_bytes = prehash_min_bytes
         self.inline_max_bytes = inline_max_bytes

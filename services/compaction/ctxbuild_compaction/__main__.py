@@ -18,7 +18,7 @@ def build(settings: Settings):  # -> the ASGI app
     broker = make_broker(settings)
     client = RpcClient(broker, settings.request_timeout_s)
     history = History(client, settings.history_timeout_s, settings.append_timeout_s)
-    blobs = BlobStore(BlobClient(client, tune_reads=False), settings.blob_put_timeout_s)
+    blobs = BlobStore(BlobClient(client), settings.blob_put_timeout_s)
     summarizers = Summarizers(settings.summarizer, put=blobs.put,
                               provider_for=lambda kind, model: make_provider(kind, model, settings),
                               summarizer_provider=settings.summarizer_provider,
