@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import AwareDatetime, ConfigDict, Field
 
-from ..model import content_ref, message
+from ..model import message
+from . import ctx_compact_in_loop_request
 
 
 class FoldInput(ContractModel):
@@ -81,54 +82,6 @@ class Decision(ContractModel):
     durationMs: Annotated[int | None, Field(ge=0)] = None
 
 
-class Checkpoint(ContractModel):
-    """
-    The memoised fold (SPEC §9): the first consumedCount messages of the turn are represented by compactedPrefix.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    consumedCount: Annotated[int, Field(ge=0)]
-    compactedPrefix: Annotated[
-        list[message.Message] | content_ref.ContentRef,
-        Field(
-            description="the rows that stand for the consumed messages, or (when large) a reference to their JSON in the blob store, stored as a provisional blob of the turn; compaction resolves it"
-        ),
-    ]
-    messageCount: Annotated[
-        int | None,
-        Field(
-            description="messages when it was made: the usage of a later assistant row of the turn covers the prefix",
-            ge=0,
-        ),
-    ] = None
-    folds: Annotated[int | None, Field(ge=0)] = None
-    handles: Annotated[
-        list[str] | None, Field(description="attachments the summary row names")
-    ] = None
-    persistedUris: Annotated[
-        list[str] | None,
-        Field(
-            description="legacy (archived outputs an older summary row named); no longer written"
-        ),
-    ] = None
-    transcripts: Annotated[
-        list[str] | None,
-        Field(
-            description="transcript URIs the summary row names, oldest first (one per text fold, SPEC §15.2); not written any more: read back from the summary row in compactedPrefix"
-        ),
-    ] = None
-    taskId: Annotated[
-        str | None,
-        Field(
-            description="the pinned task (the turn's user message) once a fold went past it: kept verbatim in the compacted prefix, never folded"
-        ),
-    ] = None
-    summarizer: str | None = None
-    step: int | None = None
-
-
 class CtxCompactInLoopReply(ContractModel):
     """
     What the next step serves, the checkpoint to keep (record it as InLoopFoldRecorded when checkpointChanged), and the decision.
@@ -138,6 +91,6 @@ class CtxCompactInLoopReply(ContractModel):
         extra="forbid",
     )
     messages: list[message.Message]
-    checkpoint: Checkpoint
+    checkpoint: ctx_compact_in_loop_request.Checkpoint
     checkpointChanged: bool
     decision: Decision
