@@ -8,26 +8,7 @@ from typing import Annotated
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
-
-class FileAttachment(ContractModel):
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
-    handle: str
-    displayName: str
-
-
-class Retained(ContractModel):
-    """
-    the retained context of the history being served (ctx.compact.turn_start `retained`). When present the read is limited to it: a blob is readable only if the conversation references it AND it is one of these archived outputs or attachments, or the turn (`turnId`) references it itself. Set by the server, never from a model's arguments. Absent: every blob the conversation references.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    fileAttachments: list[FileAttachment]
-    persistedUris: list[str]
+from ..model import retained as retained_1
 
 
 class CtxBlobFsReadRequest(ContractModel):
@@ -71,7 +52,7 @@ class CtxBlobFsReadRequest(ContractModel):
         ),
     ] = None
     retained: Annotated[
-        Retained | None,
+        retained_1.Retained | None,
         Field(
             description="the retained context of the history being served (ctx.compact.turn_start `retained`). When present the read is limited to it: a blob is readable only if the conversation references it AND it is one of these archived outputs or attachments, or the turn (`turnId`) references it itself. Set by the server, never from a model's arguments. Absent: every blob the conversation references."
         ),

@@ -9,23 +9,7 @@ from ctxbuild_codec.contract_base import ContractModel
 from pydantic import AwareDatetime, ConfigDict, Field
 
 from ..model import message
-
-
-class FileAttachment(ContractModel):
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
-    handle: str
-    displayName: str
-
-
-class Retained(ContractModel):
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    fileAttachments: list[FileAttachment]
-    persistedUris: list[str]
+from ..model import retained as retained_1
 
 
 class Decision(ContractModel):
@@ -107,5 +91,5 @@ class CtxCompactTurnStartReply(ContractModel):
         extra="forbid",
     )
     messages: list[message.Message]
-    retained: Retained
+    retained: retained_1.Retained
     decision: Decision
