@@ -12,7 +12,7 @@ from . import offload as offload_1
 from . import tool_output
 
 
-class Part3(ContractModel):
+class Part1(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -24,7 +24,7 @@ class Part3(ContractModel):
     text: str
 
 
-class Part4(ContractModel):
+class Part2(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -40,7 +40,7 @@ class Part4(ContractModel):
     size: Annotated[int | None, Field(ge=0)] = None
 
 
-class Part5(ContractModel):
+class Part3(ContractModel):
     """
     One part of a message (SPEC §1).
     """
@@ -54,9 +54,9 @@ class Part5(ContractModel):
     input: Any
 
 
-class Part6(ContractModel):
+class ToolResult(ContractModel):
     """
-    One part of a message (SPEC §1).
+    A tool's result (the only part of a `tool` message).
     """
 
     model_config = ConfigDict(
@@ -70,8 +70,8 @@ class Part6(ContractModel):
     offload: offload_1.Offload | None = None
 
 
-class Part(RootModel[Part3 | Part4 | Part5 | Part6]):
+class Part(RootModel[Part1 | Part2 | Part3 | ToolResult]):
     root: Annotated[
-        Part3 | Part4 | Part5 | Part6,
+        Part1 | Part2 | Part3 | ToolResult,
         Field(description="One part of a message (SPEC §1).", title="Part"),
     ]

@@ -3,71 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from ctxbuild_codec.contract_base import ContractModel
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from ..model import offload as offload_1
-from ..model import tool_output
-
-
-class Part11(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["text", "reasoning"]
-    text: str
-
-
-class Part12(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["file"]
-    handle: str
-    displayName: str
-    mediaType: str
-    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
-    size: Annotated[int | None, Field(ge=0)] = None
-
-
-class Part13(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["tool-call"]
-    toolCallId: str
-    toolName: str
-    input: Any
-
-
-class Part15(ContractModel):
-    type: Literal["tool-result"]
-
-
-class Part16(Part11, Part15):
-    pass
-
-
-class Part17(Part12, Part15):
-    pass
-
-
-class Part18(Part13, Part15):
-    pass
+from ..model import part
 
 
 class TrimmedItem(ContractModel):
@@ -99,30 +40,6 @@ class TrimmedItem(ContractModel):
     totalLines: Annotated[int, Field(ge=1)]
 
 
-class Part14(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["tool-result"]
-    toolCallId: str
-    toolName: str
-    effectiveToolName: str | None = None
-    output: tool_output.ToolOutput
-    offload: offload_1.Offload | None = None
-
-
-class Part19(Part14, Part15):
-    pass
-
-
-class Part(RootModel[Part16 | Part17 | Part18 | Part19]):
-    root: Part16 | Part17 | Part18 | Part19
-
-
 class CtxTruncateStepReply(ContractModel):
     """
     The same parts in the same order; trimmed ones carry a marker (or inline excerpt) and typed `offload` provenance. A claimed part comes back with its marker (or, when it needs no trimming and fits one message, its full text).
@@ -131,7 +48,7 @@ class CtxTruncateStepReply(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    parts: list[Part]
+    parts: list[part.ToolResult]
     threshold: Annotated[
         int, Field(description="the in-flight threshold used (chars)", ge=0)
     ]

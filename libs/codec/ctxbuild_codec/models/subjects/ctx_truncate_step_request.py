@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from ctxbuild_codec.contract_base import ContractModel
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from ..model import offload as offload_1
-from ..model import tool_output
+from ..model import part as part_1
 
 
 class Settings(ContractModel):
@@ -29,64 +28,6 @@ class Settings(ContractModel):
     reservation: Annotated[int | None, Field(description="output tokens reserved")] = (
         None
     )
-
-
-class Part21(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["text", "reasoning"]
-    text: str
-
-
-class Part22(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["file"]
-    handle: str
-    displayName: str
-    mediaType: str
-    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
-    size: Annotated[int | None, Field(ge=0)] = None
-
-
-class Part23(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["tool-call"]
-    toolCallId: str
-    toolName: str
-    input: Any
-
-
-class Part25(ContractModel):
-    type: Literal["tool-result"]
-
-
-class Part26(Part21, Part25):
-    pass
-
-
-class Part27(Part22, Part25):
-    pass
-
-
-class Part28(Part23, Part25):
-    pass
 
 
 class Claim(ContractModel):
@@ -119,30 +60,6 @@ class Claim(ContractModel):
     ] = None
 
 
-class Part24(ContractModel):
-    """
-    One part of a message (SPEC §1).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    type: Literal["tool-result"]
-    toolCallId: str
-    toolName: str
-    effectiveToolName: str | None = None
-    output: tool_output.ToolOutput
-    offload: offload_1.Offload | None = None
-
-
-class Part29(Part24, Part25):
-    pass
-
-
-class Part(RootModel[Part26 | Part27 | Part28 | Part29]):
-    root: Part26 | Part27 | Part28 | Part29
-
-
 class CtxTruncateStepRequest(ContractModel):
     """
     One step's tool-result parts for the in-flight lane (SPEC §5). Parts come from `tool` messages only. A tool output too large for one NATS message travels by claim check: the caller stores its text in the blob store first (ctxbuild_blobclient.BlobClient.put, any owner/role of this conversation; a provisional reference owned by the turn is the natural one), sends the part with an empty `text`/`error-text` value and names the blob in `claims`. The service streams the blob back (bounded memory), adds the turn's provisional reference and serves the marker; see services/truncation/README.md.
@@ -156,7 +73,7 @@ class CtxTruncateStepRequest(ContractModel):
         str, Field(description="owner of the provisional blob references", min_length=1)
     ]
     settings: Settings | None = None
-    parts: list[Part]
+    parts: list[part_1.ToolResult]
     claims: Annotated[
         list[Claim] | None,
         Field(
