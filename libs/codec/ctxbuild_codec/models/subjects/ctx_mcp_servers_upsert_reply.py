@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
-
-class Tools(ContractModel):
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    defer: Literal["auto", "always", "never"] | None = None
-    approval: Literal["auto", "required"] | None = None
-    enabled: bool | None = None
+from .ctx_mcp_servers_upsert_request import Server
 
 
-class ServerStatus(ContractModel):
+class ServerStatus(Server):
     """
     the config (env and header values redacted) with the server's status
     """
@@ -26,24 +19,6 @@ class ServerStatus(ContractModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    id: Annotated[str, Field(max_length=200, min_length=1)]
-    name: Annotated[str | None, Field(max_length=200)] = None
-    transport: Literal["stdio", "http"] | None = "stdio"
-    command: Annotated[str | None, Field(min_length=1)] = None
-    args: list[str] | None = None
-    env: dict[str, Any] | None = None
-    cwd: str | None = None
-    url: Annotated[str | None, Field(pattern="^https?://")] = None
-    headers: dict[str, Any] | None = None
-    enabled: bool | None = True
-    active: Annotated[
-        bool | None, Field(description="in the auto pool and prewarmed")
-    ] = True
-    defer: Literal["auto", "always", "never"] | None = "auto"
-    approval: Literal["auto", "required"] | None = "auto"
-    tools: Annotated[
-        dict[str, Tools] | None, Field(description="per-tool policy by MCP tool name")
-    ] = None
     status: Annotated[
         Literal["ready", "warming", "error", "disabled", "cold"],
         Field(description="cold = never warmed yet"),
@@ -54,6 +29,7 @@ class ServerStatus(ContractModel):
     revision: int | None = None
     updatedAt: str | None = None
     toolCount: Annotated[int, Field(ge=0)]
+    id: Annotated[str, Field(max_length=200, min_length=1)]
 
 
 class McpServerUpsertReply(ContractModel):
