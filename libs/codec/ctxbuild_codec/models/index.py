@@ -36,6 +36,7 @@ MODELS = {
     'model/offload.json': ('model.offload', 'Offload'),
     'model/part.json': ('model.part', 'Part'),
     'model/retained.json': ('model.retained', 'Retained'),
+    'model/tool-call-event.json': ('model.tool_call_event', 'ToolCallEvent'),
     'model/tool-output.json': ('model.tool_output', 'ToolOutput'),
     'model/usage.json': ('model.usage', 'Usage'),
     'subjects/ctx.blob.attach.reply.json': ('subjects.ctx_blob_attach_reply', 'CtxBlobAttachReply'),

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
+from ..model.tool_call_event import ToolCallEvent
 
-class ToolCallRequested(ContractModel):
+
+class ToolCallRequested(ToolCallEvent):
     """
     Stream turn:<turnId>: the model asked for a tool call.
     """
@@ -17,11 +18,6 @@ class ToolCallRequested(ContractModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    turnId: Annotated[str, Field(min_length=1)]
-    step: Annotated[int, Field(ge=0)]
-    toolCallId: Annotated[str, Field(min_length=1)]
-    toolName: Annotated[str, Field(min_length=1)]
-    effectiveToolName: str | None = None
     input: Annotated[
         Any,
         Field(

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
 from ..model import content_ref
 from ..model import offload as offload_1
 from ..model import tool_output
+from ..model.tool_call_event import ToolCallEvent
 
 
-class ToolResultRecorded(ContractModel):
+class ToolResultRecorded(ToolCallEvent):
     """
     Stream turn:<turnId>: a tool's result as served in flight (after truncation).
     """
@@ -21,11 +21,6 @@ class ToolResultRecorded(ContractModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    turnId: Annotated[str, Field(min_length=1)]
-    step: Annotated[int, Field(ge=0)]
-    toolCallId: Annotated[str, Field(min_length=1)]
-    toolName: Annotated[str, Field(min_length=1)]
-    effectiveToolName: str | None = None
     output: Annotated[
         tool_output.ToolOutput | content_ref.ContentRef,
         Field(
