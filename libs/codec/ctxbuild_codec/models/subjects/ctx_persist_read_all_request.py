@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
+from .ctx_persist_read_stream_request import Page
 
-class PersistReadAllRequest(ContractModel):
+
+class PersistReadAllRequest(Page):
     """
     A page of the events of every stream with position > afterPosition, in position order: as many whole events as fit maxBytes (at least one), at most `limit` (default 1000, capped at 10000). Positions are handed out in commit order, so paging with afterPosition = nextPosition never skips an event.
     """
@@ -18,11 +19,3 @@ class PersistReadAllRequest(ContractModel):
         extra="forbid",
     )
     afterPosition: Annotated[int | None, Field(ge=0)] = 0
-    limit: Annotated[int | None, Field(ge=1)] = None
-    maxBytes: Annotated[
-        int | None,
-        Field(
-            description="byte budget of the page (JSON of the events; default 262144, capped by the service, 786432 by default): as many whole events as fit, at least one",
-            ge=1024,
-        ),
-    ] = None

@@ -9,7 +9,22 @@ from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
 
-class PersistReadStreamRequest(ContractModel):
+class Page(ContractModel):
+    """
+    the page bounds of a read
+    """
+
+    limit: Annotated[int | None, Field(ge=1)] = None
+    maxBytes: Annotated[
+        int | None,
+        Field(
+            description="byte budget of the page (JSON of the events; default 262144, capped by the service, 786432 by default): as many whole events as fit, at least one",
+            ge=1024,
+        ),
+    ] = None
+
+
+class PersistReadStreamRequest(Page):
     """
     A page of a stream's events with version >= fromVersion, oldest first: as many whole events as fit maxBytes (at least one, so an event larger than the budget still moves), at most `limit` (default 1000, capped by the service at 10000). Continue from nextVersion while `more`.
     """
@@ -19,11 +34,3 @@ class PersistReadStreamRequest(ContractModel):
     )
     streamId: Annotated[str, Field(max_length=256, min_length=1, pattern="^\\S+$")]
     fromVersion: Annotated[int | None, Field(ge=1)] = 1
-    limit: Annotated[int | None, Field(ge=1)] = None
-    maxBytes: Annotated[
-        int | None,
-        Field(
-            description="byte budget of the page (JSON of the events; default 262144, capped by the service, 786432 by default): as many whole events as fit, at least one",
-            ge=1024,
-        ),
-    ] = None
