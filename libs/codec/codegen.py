@@ -129,12 +129,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"drifted: {spec.out.relative_to(ROOT)}/{bad}", file=sys.stderr)
                 rc = 1
             continue
-        if spec.out.is_dir():
-            for old in spec.out.rglob("*.py"):
-                old.unlink()
-        for path in generate(spec.out, name):
+        for path in write(spec.out, name):
             print(path.relative_to(ROOT))
     return rc
+
+
+def write(out: Path, target: str) -> list[Path]:
+    """Generate into a temporary folder, then copy only what changed and delete what is gone: a running service
+    importing the models never sees the folder half-written. Returns the files changed."""
+    changed: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "models"
+        generate(fresh, target)
+        new = {p.relative_to(fresh) for p in fresh.rglob("*.py")}
+        for rel in sorted(new):
+            dest = out / rel
+            if not dest.exists() or not filecmp.cmp(fresh / rel, dest, shallow=False):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(fresh / rel, dest)
+                changed.append(dest)
+        for old in sorted(out.rglob("*.py")) if out.is_dir() else []:
+            if old.relative_to(out) not in new:
+                old.unlink()
+                changed.append(old)
+    return changed
 
 
 if __name__ == "__main__":
