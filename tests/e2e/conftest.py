@@ -16,6 +16,8 @@ from tests.support.fake_openai import FakeOpenAI
 from tests.support.server import serving
 from tests.support.web_pages import PageServer
 
+TRACE_UI_URL = "http://127.0.0.1:16686/trace/{trace_id}"  # the inspector's trace links (no server needed)
+
 
 @dataclass
 class Tap:
@@ -39,7 +41,8 @@ def page_server():
 @pytest.fixture(scope="session")
 def all_services(stack, start_service, fake_openai) -> str:
     for name in SERVICES:
-        extra = {"CTX_OPENAI_BASE_URL": fake_openai.base_url} if name == "orchestration" else {}
+        extra = {"CTX_OPENAI_BASE_URL": fake_openai.base_url,
+                 "CTX_TRACE_UI_URL": TRACE_UI_URL} if name == "orchestration" else {}
         start_service(name, **extra)
     return stack.env["CTX_ORCHESTRATION_HTTP"]
 

@@ -10,9 +10,10 @@ several deltas, each tool call as an id+name fragment followed by argument fragm
 ``prompt_tokens_details.cached_tokens``.
 
 Test knobs (each applies to the next request only): ``fail_next`` (an HTTP status), ``reply_next`` (the
-assistant message to answer with instead of deciding), ``delay_next_s`` (seconds before answering), ``break_next``
-(``"cut"``: the body ends mid-way without finish_reason or [DONE]; ``"drop"``: the connection is lost mid-body;
-``"error"``: an error object arrives mid-stream).
+assistant message to answer with instead of deciding), ``delay_next_s`` (seconds before answering), ``hold_next``
+(a ``threading.Event``: the request waits until it is set — a model that answers when the test says so),
+``break_next`` (``"cut"``: the body ends mid-way without finish_reason or [DONE]; ``"drop"``: the connection is
+lost mid-body; ``"error"``: an error object arrives mid-stream).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,6 +47,7 @@ class FakeOpenAI(ThreadedServer):
         self.reply_next: dict[str, Any] | None = None
         self.break_next: str | None = None
         self.delay_next_s: float = 0.0  # wait this long before answering the next request (a slow model)
+        self.hold_next: threading.Event | None = None  # the next request waits until the test sets it
         super().__init__(Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])]), port)
 
     @property
@@ -67,6 +70,9 @@ class FakeOpenAI(ThreadedServer):
     async def completions(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self.hold_next is not None:
+            hold, self.hold_next = self.hold_next, None
+            await asyncio.to_thread(hold.wait, 300)
         if self.delay_next_s:
             delay, self.delay_next_s = self.delay_next_s, 0.0
             await asyncio.sleep(delay)

@@ -24,6 +24,7 @@ from .app.providers import check_provider, provider_factory
 from .app.runner import TurnRunner, new_id
 from .app.runner_loop import RunnerLoop
 from .handlers import RunnerHandlers, register_runner
+from .inspector import build_inspector
 from .routers import build_api, health, install_error_handlers
 from .routers.health import Readiness
 from .settings import Settings
@@ -82,6 +83,7 @@ def build(settings: Settings) -> FastAPI:
         edge = Edge(backends, queue, lambda spec: check_provider(spec, settings), settings.max_steps_limit,
                     EdgeLimits.from_settings(settings), auth, settings.abort_grace_s)
         app.include_router(build_api(edge, settings.sse_poll_s))
+        app.include_router(build_inspector(backends, auth, trace_ui_url=settings.trace_ui_url))  # /ui (issue #20)
     app.state.broker = broker
     app.state.runner_loop = loop
     install_error_handlers(app, auth)

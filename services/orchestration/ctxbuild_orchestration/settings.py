@@ -57,6 +57,8 @@ class Settings(ServiceSettings, WebToolSettings):
     abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
                                  "this long is ended by the edge (one terminal event id either way)")
     tool_timeout_s: float = 60.0
+    trace_ui_url: str | None = Field(None, description="inspector (/ui): a trace UI URL with {trace_id}, e.g. "
+                                     "http://localhost:16686/trace/{trace_id} (Jaeger); unset = trace ids as text")
     openai_base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint (vLLM, Ollama, Gemini, …); unset = api.openai.com")
     openai_api_key: SecretStr | None = Field(None, description="never defaulted; local servers accept any")
