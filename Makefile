@@ -12,7 +12,7 @@ export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-security test-chaos test-unit test-integration bench bench-pipeline bench-codec \
 	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search bench-context check-schemas contracts check-contracts \
-	lint clean k8s-validate images
+	lint clean k8s-validate images chromium test-ui ui-shots
 
 help:  ## list targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -44,7 +44,7 @@ run: up demo  ## the main job: bring the stack up and run the offline demo
 demo: sync  ## run the offline demo against a running stack (MODEL=… for a real OpenAI-compatible model)
 	$(PY) -m ctxbuild_orchestration.demo --dir $(STACK_DIR) $(if $(MODEL),--model $(MODEL))
 
-test: sync lint check-contracts k8s-validate test-security test-chaos  ## unit, contract, integration, end-to-end, attack and chaos tests on a real local stack
+test: sync lint chromium check-contracts k8s-validate test-security test-chaos  ## unit, contract, integration, end-to-end, attack and chaos tests on a real local stack
 	@$(PY) -m pytest tests -m "not security and not chaos"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass" >&2; exit 1; fi; \
 	exit $$rc
@@ -62,6 +62,28 @@ test-chaos: sync  ## faults injected into real replayed turns (pytest -m chaos t
 	if [ $$rc -eq 5 ]; then echo "pytest collected no chaos tests: that is a broken suite, not a pass" >&2; rc=1; fi; \
 	$(PY) bench/chaos.py $$record --out bench/results/chaos.json || rc=1; \
 	rm -f $$record; exit $$rc
+
+CHROMIUM ?= $(or $(CTX_CHROMIUM),/usr/bin/chromium)
+chromium:  ## Debian's Chromium for the inspector's browser tests: installed (apt, as root) when it is missing
+	@if [ ! -x $(CHROMIUM) ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's chromium for the inspector's browser tests"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; } || exit 1; \
+		else \
+			echo "$(CHROMIUM) is missing and cannot be installed here (needs root and apt-get):" \
+				"install Debian's chromium, or point CTX_CHROMIUM at a Chromium; the browser tests fail without it" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
+test-ui: sync chromium  ## the context inspector (/ui) in a real browser: Playwright + Debian Chromium on a real stack
+	$(PY) -m pytest tests/e2e/test_inspector_ui.py
+
+ui-shots: sync chromium  ## screenshots of every inspector page (the demo conversation, a live turn) → bench/results/ui/*.png
+	@mkdir -p bench/results/ui
+	CTX_UI_SHOTS=bench/results/ui $(PY) -m pytest tests/e2e/test_inspector_ui.py
+	@ls bench/results/ui/*.png
 
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract

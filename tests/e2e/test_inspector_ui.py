@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ctxbuild_orchestration.demo import PAGE, anomaly_position, generate_log, run_demo
+from ctxbuild_orchestration.demo import PAGE, anomaly_position, generate_log, inspector_url, run_demo
 from rich.console import Console
 
 from tests.support.auth import AUTH
@@ -93,7 +93,8 @@ def test_demo_conversation_chart_step_and_read_back(browser, demo, all_services,
     base, cid = all_services, demo["conversationId"]
     turns = turn_ids(base, cid)
     assert len(turns) == 3
-    ctx, page = logged_in(browser, base, stack.env["CTX_API_KEY"], f"/ui/conversations/{cid}")
+    # the URL `make run` prints for the demo conversation
+    ctx, page = logged_in(browser, base, stack.env["CTX_API_KEY"], inspector_url(base, cid).removeprefix(base))
     try:
         # the login page set an HttpOnly, SameSite=Strict cookie for /ui only
         cookie = next(c for c in ctx.cookies() if c["name"] == "ctx_ui_key")

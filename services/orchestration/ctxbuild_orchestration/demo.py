@@ -104,6 +104,11 @@ def compaction_by_step(events: list[dict[str, Any]]) -> dict[int, list[tuple[str
     return out
 
 
+def inspector_url(base_url: str, conversation_id: str) -> str:
+    """The context inspector's page of a conversation (the edge's /ui)."""
+    return f"{base_url.rstrip('/')}/ui/conversations/{conversation_id}"
+
+
 def _env_url(stack_dir: Path) -> str:
     env = dict(line.split("=", 1) for line in (stack_dir / "stack.env").read_text().splitlines() if "=" in line)
     return env["CTX_ORCHESTRATION_HTTP"]
@@ -213,7 +218,11 @@ def main(url: Annotated[str | None, typer.Option(help="orchestration base URL")]
          api_key: Annotated[str | None, typer.Option(envvar="CTXBUILD_API_KEY",
                                                      help="default: the local stack's <dir>/api-key")] = None) -> None:
     """Run the offline demo against a running stack (make up)."""
-    summary = run_demo(url or _env_url(stack_dir), model=model, api_key=api_key or _stack_key(stack_dir))
+    base = url or _env_url(stack_dir)
+    summary = run_demo(base, model=model, api_key=api_key or _stack_key(stack_dir))
+    key_from = "your API key" if api_key else f"the API key in {stack_dir / 'api-key'}"
+    console.print(f"Context inspector (what the model saw, step by step): "
+                  f"[bold]{inspector_url(base, summary['conversationId'])}[/bold] — log in with {key_from}")
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2))
 

@@ -242,6 +242,7 @@ def turn_timeline(events: list[Mapping[str, Any]], settings: Mapping[str, Any],
     added_after: dict[int, int] = {}  # raw tokens a step's answer and results add to the history
     status = "queued"
     terminal: dict[str, Any] | None = None
+    fold_uris: list[str] | None = None
     for e in events:
         t, d = e.get("type"), e.get("data") or {}
         if t in ("TurnStarted", "TurnResumed"):
@@ -253,15 +254,14 @@ def turn_timeline(events: list[Mapping[str, Any]], settings: Mapping[str, Any],
                 if d.get("summarizer"):
                     label += f" ({d['summarizer']})"
                 pending.append(_marker("compaction-" + phase, label, boundaryId=d.get("boundaryId"),
-                                       phase=phase, pre=d.get("preTokens"), post=d.get("postTokens")))
+                                       phase=phase, pre=d.get("preTokens"), post=d.get("postTokens"),
+                                       uris=fold_uris if phase == "in-loop" else None))
+                fold_uris = None
             elif d.get("fallback"):
                 pending.append(_marker("fit", f"{phase}: window fitted in-process ({d['fallback']})",
                                        phase=phase, reason=d.get("reason")))
-        elif t == "InLoopFoldRecorded":
-            for m in reversed(pending):
-                if m["kind"] == "compaction-in-loop":
-                    m.setdefault("uris", d.get("persistedUris") or [])
-                    break
+        elif t == "InLoopFoldRecorded":  # the checkpoint comes just before its CompactionDecided
+            fold_uris = list(d.get("persistedUris") or [])
         elif t == "StepServed":
             k = d["step"]
             usage = d.get("usage") or {}
