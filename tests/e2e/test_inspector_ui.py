@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from ctxbuild_orchestration.demo import PAGE, anomaly_position, generate_log, inspector_url, run_demo
+from httpx_sse import connect_sse
 from rich.console import Console
 
 from tests.support.auth import AUTH
@@ -212,6 +213,41 @@ def test_another_tenant_sees_404(browser, demo, all_services, stack, shots):
         assert bad.status == 401
     finally:
         anon.close()
+
+
+def finished(http: httpx.Client, events_url: str) -> str:
+    """The turn's terminal event type, followed over its SSE stream."""
+    with connect_sse(http, "GET", events_url) as sse:
+        for ev in sse.iter_sse():
+            if ev.event in ("TurnCompleted", "TurnFailed"):
+                return ev.event
+    raise AssertionError("the event stream ended without a terminal event")
+
+
+def test_branches_in_the_tree(browser, all_services, stack, shots):
+    """A regenerated answer is a sibling branch: the tree shows both, the current path through the newest."""
+    from playwright.sync_api import expect
+
+    base = all_services
+    with api(base) as http:
+        cid = http.post("/v1/conversations", json={"title": "inspector branches"}).json()["id"]
+        first = http.post(f"/v1/conversations/{cid}/turns", json={
+            "text": "Pick a colour.", "provider": {"kind": "replay", "script": [{"text": "Blue."}]}}).json()
+        assert finished(http, first["events"]) == "TurnCompleted"
+        again = http.post(f"/v1/conversations/{cid}/turns/{first['turnId']}/regenerate", json={
+            "provider": {"kind": "replay", "script": [{"text": "Green."}]}}).json()
+        assert finished(http, again["events"]) == "TurnCompleted"
+    ctx, page = logged_in(browser, base, stack.env["CTX_API_KEY"], f"/ui/conversations/{cid}")
+    try:
+        tree = page.get_by_test_id("tree")
+        expect(tree.locator("li.msg")).to_have_count(3)  # the question and its two answers
+        expect(tree.locator(".badge.branch")).to_have_text(["branch 1/2", "branch 2/2"])
+        expect(tree.locator("li.msg.current")).to_have_count(2)
+        expect(tree.locator("li.msg.current").last).to_contain_text("Green.")
+        expect(page.get_by_test_id("turns")).to_contain_text(f"regenerates {first['turnId']}")
+        page.screenshot(path=str(shots / "conversation-branches.png"))
+    finally:
+        ctx.close()
 
 
 def test_running_turn_updates_live(browser, all_services, stack, fake_openai, shots):

@@ -137,8 +137,8 @@ def test_conversation_view_tree_branches_and_archives():
     assert view["summaries"]["a2"]["transcripts"] == [transcript]
     assert [m["id"] for m in path_to(view, "r1")] == ["u", "a1", "r1"]
     rows = tree_rows(view, {"u", "a2"})
-    assert [(r["message"]["id"], r["depth"], r["siblings"], r["current"]) for r in rows] == [
-        ("u", 0, 1, True), ("a1", 1, 2, False), ("r1", 1, 1, False), ("a2", 1, 2, True)]
+    assert [(r["message"]["id"], r["depth"], r["siblings"], r["nth"], r["current"]) for r in rows] == [
+        ("u", 0, 1, 1, True), ("a1", 1, 2, 1, False), ("r1", 1, 1, 1, False), ("a2", 1, 2, 2, True)]
 
 
 def test_rendering_escapes_and_links():

@@ -390,7 +390,7 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
         return templates.TemplateResponse(request, "readback.html", ctx(
             who, cid=cid, heading=uri, text=render.linkify(text, read_link(cid)), cut=cut, chars=len(text),
             raw_link=f"/ui/conversations/{quote(cid)}/read?{urlencode({'uri': uri, 'raw': 'true'})}",
-            source="archived blob (fs_read)"))
+            source="archived blob, read back from the blob store"))
 
     @ui.get("/conversations/{cid}/results/{mid}/{call_id}")
     @page

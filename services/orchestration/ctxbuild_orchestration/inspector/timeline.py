@@ -121,19 +121,19 @@ def tree_rows(view: Mapping[str, Any], current_path: set[str]) -> list[dict[str,
     rows: list[dict[str, Any]] = []
     msgs, children = view["messages"], view["children"]
 
-    def walk(mid: str, depth: int, siblings: int) -> None:
-        stack = [(mid, depth, siblings)]
+    def walk(mid: str, depth: int, siblings: int, nth: int) -> None:
+        stack = [(mid, depth, siblings, nth)]
         while stack:
-            m, d, s = stack.pop()
-            rows.append({"message": msgs[m], "depth": d, "siblings": s, "current": m in current_path})
+            m, d, s, i = stack.pop()
+            rows.append({"message": msgs[m], "depth": d, "siblings": s, "nth": i, "current": m in current_path})
             kids = [k for k in children.get(m, []) if k in msgs]
             nd = d + 1 if len(kids) > 1 else d
-            for k in reversed(kids):
-                stack.append((k, nd, len(kids)))
+            for j, k in reversed(list(enumerate(kids, 1))):
+                stack.append((k, nd, len(kids), j))
 
     roots = [r for r in view["roots"] if r in msgs]
-    for r in roots:
-        walk(r, 0 if len(roots) == 1 else 1, len(roots))
+    for n, r in enumerate(roots, 1):
+        walk(r, 0 if len(roots) == 1 else 1, len(roots), n)
     return rows
 
 
