@@ -128,7 +128,7 @@ def test_demo_conversation_chart_step_and_read_back(browser, demo, all_services,
         assert chart["window"] == [16_000] * len(steps)
         assert chart["compaction trigger"] == [12_800] * len(steps)
         assert len(chart["raw history tokens"]) == len(steps)
-        assert all(r >= s for r, s in zip(chart["raw history tokens"], chart["served tokens"]))
+        assert all(r >= s for r, s in zip(chart["raw history tokens"], chart["served tokens"], strict=True))
         trimmed_steps = [i for i, v in enumerate(chart["outputs trimmed"]) if v is not None]
         folded_steps = [i for i, v in enumerate(chart["compaction (in-loop)"]) if v is not None]
         assert trimmed_steps and len(folded_steps) == 1

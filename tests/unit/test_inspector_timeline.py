@@ -115,7 +115,8 @@ def test_a_running_turn_and_results_of_the_last_step():
 
 
 def test_conversation_view_tree_branches_and_archives():
-    part = {"type": "tool-result", "toolCallId": "k1", "toolName": "read_file", "output": {"type": "text", "value": "x"},
+    part = {"type": "tool-result", "toolCallId": "k1", "toolName": "read_file",
+            "output": {"type": "text", "value": "x"},
             "offload": {"mode": "offloaded", "uri": URI, "totalChars": 9}}
     transcript = "context://vfs/vfs_fedcba9876543210.txt"
     events = [

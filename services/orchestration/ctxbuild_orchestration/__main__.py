@@ -83,7 +83,7 @@ def build(settings: Settings) -> FastAPI:
         edge = Edge(backends, queue, lambda spec: check_provider(spec, settings), settings.max_steps_limit,
                     EdgeLimits.from_settings(settings), auth, settings.abort_grace_s)
         app.include_router(build_api(edge, settings.sse_poll_s))
-        app.include_router(build_inspector(backends, auth, trace_ui_url=settings.trace_ui_url))  # /ui (issue #20)
+        app.include_router(build_inspector(edge, auth, trace_ui_url=settings.trace_ui_url))  # /ui (issue #20)
     app.state.broker = broker
     app.state.runner_loop = loop
     install_error_handlers(app, auth)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -31,10 +30,9 @@ from fastapi.responses import (
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse
 
-from ..adapters import content
 from ..adapters.auth import Authenticator
-from ..app.results import full_output
-from ..domain.keys import LEGACY_TENANT, Principal
+from ..app.edge import Edge
+from ..domain.keys import Principal
 from . import render
 from .index import ConversationIndex
 from .timeline import (
@@ -77,12 +75,19 @@ def script_json(value: Any) -> str:
             .replace("&", "\\u0026"))
 
 
+def _message(exc: Exception) -> str:
+    return exc.message if isinstance(exc, ServiceError) else (str(exc) or "not found")
+
+
 def _fmt(n: Any) -> str:
     return f"{n:,}" if isinstance(n, int) else ("—" if n is None else str(n))
 
 
-def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | None = None,
+def build_inspector(edge: Edge, auth: Authenticator, *, trace_ui_url: str | None = None,
                     sse_poll_s: float = 0.3) -> APIRouter:
+    """The /ui router over the edge's own use cases (tenant checks, turn reads, the SSE event stream, the
+    results read-back) — nothing here decides ownership differently from the API."""
+    backends = edge.backends
     ui = APIRouter(prefix="/ui", include_in_schema=False)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["n"] = _fmt
@@ -114,9 +119,11 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
             except NeedLogin:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/ui/login?{urlencode({'next': target})}", status_code=303)
-            except NotFound as exc:
+            except (NotFound, ServiceError) as exc:
+                if isinstance(exc, ServiceError) and exc.code != "not-found":
+                    raise
                 return templates.TemplateResponse(request, "error.html", {
-                    "who": None, "title": "Not found", "message": str(exc) or "not found"}, status_code=404)
+                    "who": None, "title": "Not found", "message": _message(exc)}, status_code=404)
 
         return wrapped
 
@@ -130,31 +137,23 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
             except NeedLogin:
                 return JSONResponse({"code": "unauthenticated", "message": "log in at /ui/login",
                                      "retryable": False}, status_code=401)
-            except NotFound as exc:
-                return JSONResponse({"code": "not-found", "message": str(exc), "retryable": False},
+            except (NotFound, ServiceError) as exc:
+                if isinstance(exc, ServiceError) and exc.code != "not-found":
+                    raise
+                return JSONResponse({"code": "not-found", "message": _message(exc), "retryable": False},
                                     status_code=404)
 
         return wrapped
 
     # ---------- records, checked against the tenant ----------
     async def conversation_events(cid: str, who: Principal) -> list[dict[str, Any]]:
-        """The conversation's stream, if it is the caller's tenant's (else the same 404 as a missing one)."""
-        first = await backends.read_stream(f"conversation:{cid}", 1, limit=1)
-        if not first["events"] or first["events"][0]["type"] != "ConversationCreated":
-            raise NotFound(f"conversation {cid} not found")
-        tenant = str(first["events"][0]["data"].get("tenantId", LEGACY_TENANT))
-        if not hmac.compare_digest(tenant.encode(), who.tenant.encode()):
-            raise NotFound(f"conversation {cid} not found")
-        return first["events"] + (await backends.read_stream_all(f"conversation:{cid}", 2)
-                                  if first.get("lastVersion", 1) > 1 else [])
+        """The conversation's stream, if it is the caller's tenant's (the API's check: else the same 404)."""
+        await edge.conversation_settings(cid, who)
+        return await backends.read_stream_all(f"conversation:{cid}")
 
-    async def turn_events(cid: str, tid: str) -> list[dict[str, Any]]:
-        """A turn of a conversation whose ownership was checked, its events as a client reads them."""
-        events = await backends.read_stream_all(f"turn:{tid}")
-        queued = next((e for e in events if e["type"] == "TurnQueued"), None)
-        if queued is None or queued["data"].get("conversationId") != cid:
-            raise NotFound(f"turn {tid} not found in conversation {cid}")
-        return await content.present_events(backends.blobs, events, cid)
+    async def turn_events(cid: str, tid: str, who: Principal) -> list[dict[str, Any]]:
+        """A turn of the caller's conversation, its events as a client reads them (the API's turn log)."""
+        return (await edge.turn_log(who, cid, tid))["events"]
 
     async def served_request(cid: str, served: dict[str, Any]) -> Any:
         ref = served.get("request")
@@ -171,12 +170,9 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
         return body
 
     async def turn_status(tid: str) -> dict[str, Any]:
-        head = await backends.read_stream(f"turn:{tid}", 1, limit=1)
-        last = head.get("lastVersion") or 0
-        if not last:
+        last, ev = await edge.stream_tail(f"turn:{tid}")
+        if not last or ev is None:
             return {"status": "admitted"}
-        page_ = head if last == 1 else await backends.read_stream(f"turn:{tid}", last, limit=1)
-        ev = page_["events"][0] if page_["events"] else {}
         t = ev.get("type")
         status = ("completed" if t == "TurnCompleted" else "failed" if t == "TurnFailed"
                   else "queued" if t == "TurnQueued" else "running")
@@ -187,11 +183,12 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
 
     async def timeline(cid: str, tid: str, who: Principal) -> tuple[dict[str, Any], dict[str, Any], list]:
         view = conversation_view(await conversation_events(cid, who))
-        events = await turn_events(cid, tid)
+        events = await turn_events(cid, tid, who)
         cmd = events[0]["data"]
         served = [e["data"] for e in events if e["type"] == "StepServed"]
         bodies = await asyncio.gather(*(served_request(cid, s) for s in served), return_exceptions=True)
-        requests = {s["step"]: (b if not isinstance(b, BaseException) else None) for s, b in zip(served, bodies)}
+        requests = {s["step"]: (b if not isinstance(b, BaseException) else None)
+                    for s, b in zip(served, bodies, strict=True)}
         before = path_to(view, cmd.get("userMessageId"))
         tl = turn_timeline(events, cmd.get("settings") or view["settings"], before, requests)
         tl.update(turnId=tid, conversationId=cid, userMessageId=cmd.get("userMessageId"),
@@ -270,7 +267,7 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
         admissions = await backends.read_stream_all(f"conversation-turns:{cid}")
         turns = []
         statuses = await asyncio.gather(*(turn_status(a["data"]["turnId"]) for a in admissions))
-        for a, st in zip(admissions, statuses):
+        for a, st in zip(admissions, statuses, strict=True):
             user = view["messages"].get(a["data"]["userMessageId"])
             turns.append({"turnId": a["data"]["turnId"], "userMessageId": a["data"]["userMessageId"],
                           "regenerateOf": a["data"].get("regenerateOf"), "admittedAt": a.get("recordedAt"),
@@ -356,13 +353,8 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
     async def step_request_raw(request: Request, cid: Id, tid: Id,
                                step: Annotated[int, Path(ge=0, le=1_000_000)]) -> Response:
         who = await principal(request)
-        await conversation_events(cid, who)
-        events = await turn_events(cid, tid)
-        served = next((e["data"] for e in events if e["type"] == "StepServed" and e["data"]["step"] == step), None)
-        if served is None or not served.get("request"):
-            raise NotFound(f"step {step}'s request was not kept")
-        body = await backends.blobs.get_bytes(cid, sha256=served["request"]["sha256"])
-        return Response(body, media_type="application/json", headers={"X-Request-Hash": served["requestHash"]})
+        body, request_hash = await edge.served_request(who, cid, tid, step)
+        return Response(body, media_type="application/json", headers={"X-Request-Hash": request_hash})
 
     @ui.get("/conversations/{cid}/read")
     @page
@@ -397,20 +389,12 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
     async def result_back(request: Request, cid: Id, mid: Id, call_id: Id) -> Response:
         """A stored tool result in full (the API's results read-back)."""
         who = await principal(request)
-        await conversation_events(cid, who)
-        hist = await backends.rpc.call("ctx.persist.history", {"conversationId": cid, "anchorId": mid})
-        msg = hist["messages"][-1] if hist["messages"] else None
-        part = next((p for p in (msg or {}).get("parts", []) if p.get("type") == "tool-result"
-                     and p.get("toolCallId") == call_id), None)
-        if part is None:
-            raise NotFound(f"no stored tool result {call_id} in message {mid} (a running turn's results are "
-                           "stored when it ends; its archive URIs read back now)")
-        full = await full_output(backends, cid, part)
+        full = await edge.tool_result(who, cid, mid, call_id)  # a running turn's results: once it is stored
         out = full["output"]
         value = out.get("value")
         text = value if isinstance(value, str) else render.pretty(value)
         return templates.TemplateResponse(request, "readback.html", ctx(
-            who, cid=cid, heading=f"{part.get('toolName')} result {call_id}", text=render.linkify(text, read_link(cid)),
+            who, cid=cid, heading=f"tool result {call_id}", text=render.linkify(text, read_link(cid)),
             cut=False, chars=len(text), raw_link=None, source=f"tool result read back ({full['source']})"))
 
     @ui.get("/conversations/{cid}/attachments/{sha256}")
@@ -442,27 +426,14 @@ def build_inspector(backends: Any, auth: Authenticator, *, trace_ui_url: str | N
         """The turn's events as SSE (as ``GET /v1/…/events``, without the text deltas), for EventSource with
         the cookie: the page refreshes its chart and steps as they come, and stops at the terminal event."""
         who = await principal(request)
-        await conversation_events(cid, who)
-        events = await backends.read_stream_all(f"turn:{tid}")
-        queued = next((e for e in events if e["type"] == "TurnQueued"), None)
-        if queued is None or queued["data"].get("conversationId") != cid:
-            raise NotFound(f"turn {tid} not found in conversation {cid}")
         last = request.headers.get("last-event-id") or ""
         start = int(last) + 1 if last.isdigit() else 1
-
-        async def stream():
-            nxt = start
-            while not await request.is_disconnected():
-                page_ = await backends.read_stream(f"turn:{tid}", nxt)
-                for ev in page_["events"]:
-                    nxt = ev["version"] + 1
-                    data = {"step": ev["data"].get("step"), "phase": ev["data"].get("phase")}
-                    yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(data)}
-                    if ev["type"] in TERMINAL:
-                        return
-                await asyncio.sleep(sse_poll_s)
-
-        return EventSourceResponse(stream(), ping=5)
+        st, _ = await edge.turn_state(cid, tid, who)
+        if st.done and start > st.version:
+            return Response(status_code=204)  # ended and fully seen: EventSource stops reconnecting
+        # the API's own SSE stream of the turn (GET /v1/…/events), without the text deltas
+        return EventSourceResponse(edge.event_stream(cid, tid, st, start, False, sse_poll_s,
+                                                     request.is_disconnected), ping=5)
 
     return ui
 
