@@ -4,9 +4,10 @@ returns its reply model (what `rpc` parses and dumps), and a get_result reply ke
 import typing
 
 import pytest
-from ctxbuild_blobstore.app import BlobStore, Collector, GetResultReply
+from ctxbuild_blobstore.app import BlobStore, Collector
 from ctxbuild_blobstore.handlers import USE_CASES
 from ctxbuild_codec.contract_models import dump, subject_model
+from ctxbuild_codec.models.subjects.ctx_blob_get_result_reply import CtxBlobGetResultReply
 from ctxbuild_platform import contracts
 from ctxbuild_platform.contracts import contracts_dir
 from ctxbuild_platform.rpc import request_model
@@ -34,6 +35,6 @@ def test_every_blob_subject_is_served():
                                     {"type": "json", "value": {"a": [1, 2.5, None], "b": "x"}},
                                     {"type": "content", "value": [{"type": "text", "text": "t"}]}])
 def test_a_get_result_reply_keeps_the_outputs_value(output):
-    reply = dump(GetResultReply.model_validate({"output": output, "gone": []}))
+    reply = dump(CtxBlobGetResultReply.model_validate({"output": output, "gone": []}))
     assert reply == {"output": output, "gone": []}
     contracts.validate("subjects/ctx.blob.get_result.reply.json", reply)

@@ -49,7 +49,7 @@ from ctxbuild_codec.models.subjects.ctx_blob_upload_request import CtxBlobUpload
 from ctxbuild_codec.trim import handle_prefix_from_uri, vfs_handle, vfs_uri
 from ctxbuild_platform.errors import DependencyUnavailable, InvalidPayload, NotFound, ServiceError
 from ctxbuild_platform.telemetry import span
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from ..adapters.postgres import Attachment, BlobInfo, LockedBlob, NewBlob, Postgres, RefSpec
 from ..adapters.s3 import ObjectGone, ObjectReader, ObjectStore
@@ -83,16 +83,6 @@ TOO_LARGE = "too-large"
 # the uploaded bytes are not the content the caller declared (sha256/size): a malformed request, with its own code
 # since the bytes were streamed before the mismatch could be seen
 DIGEST_MISMATCH = "digest-mismatch"
-
-
-class _ResultOutput(Output):
-    """The generated ``output`` model names only ``type``: the contract's ``value`` (any JSON) is kept as is."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class GetResultReply(CtxBlobGetResultReply):
-    output: _ResultOutput
 
 
 @dataclass(frozen=True)
@@ -671,7 +661,7 @@ class BlobStore:
                                mediaType=info.media_type)
 
     # ------------------------------------------------------------------------ read-back for a UI (SPEC §7)
-    async def get_result(self, request: CtxBlobGetResultRequest) -> GetResultReply:
+    async def get_result(self, request: CtxBlobGetResultRequest) -> CtxBlobGetResultReply:
         """Read-back for a UI (SPEC §7): a persisted envelope inflated from its blobs (a gone blob degrades to
         its excerpt), or an in-flight offload's original output (SPEC §15.1), byte-identical."""
         # a blob the conversation may not read is access-denied; a result too large for one reply is too-large
@@ -683,7 +673,7 @@ class BlobStore:
         _texts_ok(conv)
         if req.offload is not None:
             output = await self._original_result(req.offload, conv)
-            return GetResultReply(output=_ResultOutput.model_validate(output), gone=[])
+            return CtxBlobGetResultReply(output=Output.model_validate(output), gone=[])
         assert req.envelope is not None
         envelope = dump(req.envelope)
         try:
@@ -704,7 +694,7 @@ class BlobStore:
             except (ObjectGone, UnicodeDecodeError):
                 texts[sha] = None
         output = envelopes.inflate(envelope, texts)
-        return GetResultReply(output=_ResultOutput.model_validate(output),
+        return CtxBlobGetResultReply(output=Output.model_validate(output),
                               gone=[s for s, t in texts.items() if t is None])
 
     def _within_reply(self, size: int, what: str, instead: str, blobs: list[tuple[str, int]]) -> None:
