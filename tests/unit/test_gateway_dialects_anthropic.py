@@ -8,6 +8,7 @@ import anthropic
 import httpx2
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
+from ctxbuild_codec.nontext import has_nontext
 from ctxbuild_orchestration.domain.gateway import (
     AnthropicStream,
     DialectError,
@@ -17,6 +18,7 @@ from ctxbuild_orchestration.domain.gateway import (
     anthropic_message,
     parse_anthropic,
 )
+from ctxbuild_platform import contracts
 from pydantic import TypeAdapter
 
 WEATHER = {"name": "get_weather", "description": "weather in a city",
@@ -25,6 +27,14 @@ WEATHER = {"name": "get_weather", "description": "weather in a city",
 
 def _body(**kw):
     return {"model": "claude-x", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def _parts_valid(req):
+    for m in req.messages:
+        assert m["role"] in ("user", "assistant", "tool") and m["parts"]
+        for part in m["parts"]:
+            contracts.validate("model/part.json", part)
+    return req
 
 
 def _refused(body, *words):
@@ -37,12 +47,12 @@ def _refused(body, *words):
 
 
 def test_system_string_or_blocks_and_content_string_or_blocks():
-    req = parse_anthropic(_body(
+    req = _parts_valid(parse_anthropic(_body(
         system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}},
                 {"type": "text", "text": "Answer in French."}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                   {"role": "assistant", "content": "ok"},
-                  {"role": "user", "content": "next"}]))
+                  {"role": "user", "content": "next"}])))
     assert req.dialect == "anthropic" and req.model == "claude-x" and req.max_tokens == 100
     assert req.system == "You are terse.\n\nAnswer in French."
     assert req.messages == [
@@ -55,7 +65,7 @@ def test_system_string_or_blocks_and_content_string_or_blocks():
 
 
 def test_tool_use_and_tool_results_split_into_tool_messages_first_then_the_text():
-    req = parse_anthropic(_body(tools=[WEATHER], messages=[
+    req = _parts_valid(parse_anthropic(_body(tools=[WEATHER], messages=[
         {"role": "user", "content": "weather in Paris and Rome?"},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "two calls", "signature": "sig"},
@@ -66,7 +76,7 @@ def test_tool_use_and_tool_results_split_into_tool_messages_first_then_the_text(
             {"type": "text", "text": "here you go"},
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
             {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
-             "content": [{"type": "text", "text": "service "}, {"type": "text", "text": "down"}]}]}]))
+             "content": [{"type": "text", "text": "service "}, {"type": "text", "text": "down"}]}]}])))
     assert req.messages[1] == {"role": "assistant", "parts": [  # thinking without its signature is dropped
         {"type": "text", "text": "Checking."},
         {"type": "tool-call", "toolCallId": "toolu_1", "toolName": "get_weather", "input": {"city": "Paris"}},
@@ -88,6 +98,22 @@ def test_a_tool_result_alone_makes_no_empty_user_message_and_missing_content_is_
     assert req.messages[2]["parts"][0]["output"] == {"type": "text", "value": ""}
 
 
+def test_images_in_a_tool_result_keep_every_block_in_a_content_output():
+    """A screenshot tool's result is not refused: a ``content`` output keeps it, the in-flight lane offloads it."""
+    req = _parts_valid(parse_anthropic(_body(messages=[
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "screenshot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": True, "content": [
+            {"type": "text", "text": "the page"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}},
+            {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}}]}]}])))
+    output = req.messages[2]["parts"][0]["output"]
+    assert output == {"type": "content", "metadata": {"isError": True}, "value": [
+        {"type": "text", "text": "the page"}, {"type": "image", "data": "iVBORw0K", "mimeType": "image/png"},
+        {"type": "resource_link", "uri": "https://x.test/a.png", "name": "image"}]}
+    assert has_nontext(output)
+
+
 @pytest.mark.parametrize(("body", "words"), [
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, ["model"]),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, ["max_tokens"]),
@@ -97,6 +123,9 @@ def test_a_tool_result_alone_makes_no_empty_user_message_and_missing_content_is_
                                                     "content": "r"}]}]), ["ghost", "tool_use"]),
     (_body(messages=[{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), ["image", "not supported"]),
+    (_body(messages=[{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                         {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}]), ["source"]),
     (_body(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "n",
                                                     "input": {}}]}]), ["tool_use", "user message"]),
     (_body(messages=[{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "n",

@@ -16,6 +16,7 @@ from ctxbuild_orchestration.domain.gateway import (
     openai_error_type,
     parse_openai,
 )
+from ctxbuild_platform import contracts
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
@@ -28,6 +29,14 @@ def _body(**kw):
     return {"model": "gpt-x", "messages": [{"role": "user", "content": "hi"}], **kw}
 
 
+def _parts_valid(req):
+    for m in req.messages:
+        assert m["role"] in ("user", "assistant", "tool") and m["parts"]
+        for part in m["parts"]:
+            contracts.validate("model/part.json", part)
+    return req
+
+
 def _refused(body, param=None):
     with pytest.raises(DialectError) as e:
         parse_openai(body)
@@ -38,12 +47,12 @@ def _refused(body, param=None):
 
 
 def test_string_and_part_array_content_and_system_developer_joined():
-    req = parse_openai({"model": "gpt-x", "messages": [
+    req = _parts_valid(parse_openai({"model": "gpt-x", "messages": [
         {"role": "system", "content": "You are terse."},
         {"role": "developer", "content": [{"type": "text", "text": "Answer in French."}]},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "ok"}], "name": "bot"},
-        {"role": "user", "content": "next"}]})
+        {"role": "user", "content": "next"}]}))
     assert req.dialect == "openai" and req.model == "gpt-x"
     assert req.system == "You are terse.\n\nAnswer in French."
     assert req.messages == [
@@ -54,7 +63,7 @@ def test_string_and_part_array_content_and_system_developer_joined():
 
 
 def test_assistant_tool_calls_and_tool_messages_take_the_calls_name():
-    req = parse_openai(_body(messages=[
+    req = _parts_valid(parse_openai(_body(messages=[
         {"role": "user", "content": "weather in Paris and Rome?"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather",
@@ -63,7 +72,7 @@ def test_assistant_tool_calls_and_tool_messages_take_the_calls_name():
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "rain "},
                                                                 {"type": "text", "text": "all day"}]}],
-        tools=[WEATHER]))
+        tools=[WEATHER])))
     assert req.messages[1] == {"role": "assistant", "parts": [
         {"type": "tool-call", "toolCallId": "call_1", "toolName": "get_weather", "input": {"city": "Paris"}},
         {"type": "tool-call", "toolCallId": "call_2", "toolName": "get_weather", "input": {}}]}

@@ -60,6 +60,35 @@ def _texts(content: Any, where: str) -> list[str]:
     return out
 
 
+def _media_block(block: dict, at: str) -> dict:
+    """An image/document block of a tool result → the MCP-style block a ``content`` output holds (the
+    in-flight lane keeps it whole in the original blob and shows the model a marker)."""
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return {"type": block["type"], "data": source["data"], "mimeType": str(source.get("media_type") or "")}
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return {"type": "resource_link", "uri": source["url"], "name": block["type"]}
+    raise invalid(f"{at}: unsupported {block['type']} source (base64 or url only)")
+
+
+def _tool_output(content: Any, is_error: bool, where: str) -> dict:
+    """A tool_result's content → a text output (the blocks' texts joined), or, with images or documents among
+    them, a ``content`` output that keeps every block."""
+    if not isinstance(content, list) or all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return {"type": "error-text" if is_error else "text", "value": "".join(_texts(content, where))}
+    blocks = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            blocks.append({"type": "text", "text": block["text"]})
+        elif kind in ("image", "document"):
+            blocks.append(_media_block(block, f"{where}.{i}"))
+        else:
+            raise invalid(f"{where}.{i}: content block type '{kind}' is not supported in a tool_result")
+    # Anthropic's is_error has no place in a content output but its metadata
+    return {"type": "content", "value": blocks, **({"metadata": {"isError": True}} if is_error else {})}
+
+
 def _blocks(content: Any, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
@@ -89,8 +118,7 @@ def _user(content: Any, where: str, names: dict[str, str]) -> list[dict]:
                 raise invalid(f"{at}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. Each "
                               "`tool_result` block must have a corresponding `tool_use` block in an earlier "
                               "message.")
-            value = "".join(_texts(block.get("content"), f"{at}.content"))
-            output = {"type": "error-text" if block.get("is_error") else "text", "value": value}
+            output = _tool_output(block.get("content"), bool(block.get("is_error")), f"{at}.content")
             results.append({"role": "tool", "parts": [{"type": "tool-result", "toolCallId": call_id,
                                                        "toolName": names[call_id], "output": output}]})
         elif kind in ("image", "document", "search_result"):
