@@ -17,6 +17,7 @@ from ctxbuild_orchestration.domain.gateway import (
     anthropic_error_type,
     anthropic_message,
     parse_anthropic,
+    sse_comment,
 )
 from ctxbuild_platform import contracts
 from pydantic import TypeAdapter
@@ -273,3 +274,19 @@ def test_error_body_is_read_by_the_sdk(status, cls, kind):
         _client(json.dumps(body).encode(), status, sse=False).messages.create(model="c", max_tokens=5,
                                                                                messages=[])
     assert e.value.status_code == status and e.value.body["error"]["type"] == kind
+
+
+async def test_pings_and_a_trailing_comment_pass_the_async_sdks_message_stream():
+    s = AnthropicStream(id="msg_p", model="c")
+    raw = b"".join(s.ping() + s.text("a") + s.ping() + s.text("b")
+                   + s.finish(GatewayResult("ab", CALLS[1:], "tool_calls", USAGE)) + [sse_comment("overhead-ms 12")])
+    assert s.ping() == []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=raw, headers={"content-type": "text/event-stream"})
+    client = anthropic.AsyncAnthropic(api_key="k", base_url="http://gw.test", max_retries=0,
+                                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    async with client.messages.stream(model="c", max_tokens=5, messages=[]) as stream:
+        final = await stream.get_final_message()
+    assert final.content[0].text == "ab" and final.content[1].input == CALLS[1]["input"]
+    assert final.stop_reason == "tool_use" and final.usage.cache_read_input_tokens == 1000

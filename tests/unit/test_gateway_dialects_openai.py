@@ -15,6 +15,7 @@ from ctxbuild_orchestration.domain.gateway import (
     openai_error,
     openai_error_type,
     parse_openai,
+    sse_comment,
 )
 from ctxbuild_platform import contracts
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -253,3 +254,28 @@ def test_error_types_per_status():
     assert openai_error_type(400) == "invalid_request_error"
     assert openai_error_type(429) == "rate_limit_error"
     assert openai_error_type(503) == "server_error"
+
+
+def _async_client(payload: bytes) -> openai.AsyncOpenAI:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=payload, headers={"content-type": "text/event-stream"})
+    return openai.AsyncOpenAI(api_key="k", base_url="http://gw.test/v1", max_retries=0,
+                              http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+
+async def test_pings_and_a_trailing_comment_pass_the_async_sdk_unseen():
+    s = OpenAIStream(id="i", model="m", created=1, include_usage=True)
+    raw = b"".join(s.ping() + s.start() + s.text("a") + s.ping() + s.text("b")
+                   + s.finish(GatewayResult("ab", CALLS[:1], "tool_calls", USAGE)) + [sse_comment("overhead-ms 12")])
+    assert s.ping() == []  # nothing after the end
+    stream = await _async_client(raw).chat.completions.create(model="m", messages=[], stream=True,
+                                                              stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ab"
+    assert [c.choices[0].delta.tool_calls[0].function.name for c in chunks
+            if c.choices and c.choices[0].delta.tool_calls] == ["get_weather"]
+    assert chunks[-1].usage.completion_tokens == 30
+
+
+def test_sse_comment_is_one_frame_even_for_several_lines():
+    assert sse_comment("a\nb") == b": a\n: b\n\n"

@@ -11,7 +11,7 @@ from .anthropic_messages import (
 )
 from .identity import canonical_message, chain_hash, prefix_hashes, root_hash
 from .openai_chat import OpenAIStream, openai_completion, openai_error, openai_error_type, parse_openai
-from .types import ClientTool, DialectError, GatewayRequest, GatewayResult, result_message
+from .types import ClientTool, DialectError, GatewayRequest, GatewayResult, result_message, sse_comment
 
 __all__ = [
     "AnthropicStream",
@@ -33,4 +33,5 @@ __all__ = [
     "prefix_hashes",
     "result_message",
     "root_hash",
+    "sse_comment",
 ]

@@ -354,6 +354,10 @@ class AnthropicStream:
                 _event("message_stop", {"type": "message_stop"})]
         return out
 
+    def ping(self) -> list[bytes]:
+        """Keep-alive while a server-side tool loop runs (Anthropic's own ping event)."""
+        return [] if self._done else [*self.start(), _event("ping", {"type": "ping"})]
+
     def error(self, status: int, type: str, message: str) -> list[bytes]:
         """A failure after the response started: Anthropic's `error` event (the SDKs raise on it)."""
         if self._done:

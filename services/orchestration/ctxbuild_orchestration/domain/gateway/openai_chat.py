@@ -13,6 +13,7 @@ from .types import (
     GatewayResult,
     effective_stop,
     invalid,
+    sse_comment,
     tool_input_json,
     usage_counts,
 )
@@ -315,6 +316,10 @@ class OpenAIStream:
                              "model": self.model, "choices": [], "usage": _usage(result.usage)}))
         out.append(_sse("[DONE]"))
         return out
+
+    def ping(self) -> list[bytes]:
+        """Keep-alive while a server-side tool loop runs: Chat Completions has no ping event, an SSE comment."""
+        return [] if self._done else [sse_comment("ping")]
 
     def error(self, status: int, type: str, message: str) -> list[bytes]:
         """A failure after the response started: OpenAI's in-stream error event (the SDKs raise on it)."""

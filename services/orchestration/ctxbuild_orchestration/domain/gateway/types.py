@@ -101,3 +101,10 @@ def result_message(result: GatewayResult) -> dict:
     parts.extend({"type": "tool-call", "toolCallId": c["toolCallId"], "toolName": c["toolName"],
                   "input": c.get("input", {})} for c in result.tool_calls)
     return {"role": "assistant", "parts": parts}
+
+
+def sse_comment(text: str) -> bytes:
+    """An SSE comment frame (``: text``): every SSE parser skips it, so it can keep a quiet stream alive or
+    carry a trailing note (e.g. ctxbuild's overhead) in either dialect without breaking a client."""
+    lines = text.replace("\r", "").split("\n")
+    return ("".join(f": {line}\n" for line in lines) + "\n").encode()
