@@ -240,11 +240,13 @@ class Edge:
                                code="invalid-payload")
 
     async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
-                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None) -> None:
+                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
+                      extra: dict[str, Any] | None = None) -> None:
+        """``extra``: more TurnQueued fields (the gateway's client tools, system prompt, options)."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn continues this request's trace on whichever replica runs it
         cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
-               "provider": provider, "settings": settings, "trace": carrier}
+               "provider": provider, "settings": settings, "trace": carrier, **(extra or {})}
         if max_steps is not None:
             cmd["maxSteps"] = max_steps
         if regenerate_of:

@@ -44,7 +44,16 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from ..adapters import content
 from ..adapters.backends import Backends, not_delivered, patiently, transient
 from ..adapters.deltas import publish_delta
+from ..adapters.turn_watch import publish_ended
 from ..domain.arguments import argument_error, invalid_arguments_output
+from ..domain.client_tools import (
+    client_calls,
+    client_names,
+    client_specs,
+    handed_over_messages,
+    server_view,
+    with_client_tools,
+)
 from ..domain.steps import tool_result
 from ..domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from ..domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
@@ -315,6 +324,7 @@ class TurnRunner:
                 log.info("turn-already-ended", turn_id=ts.turn_id)
                 return
             raise TerminalNotStored(f"{event['type']} of {ts.turn_id}: {exc}") from exc
+        await publish_ended(self.backends.rpc.broker, ts.turn_id, event["type"])  # wakes a waiting gateway
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, st: TurnState, ts: TurnStream) -> None:
@@ -341,7 +351,11 @@ class TurnRunner:
                 start = await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
         served: list[dict[str, Any]] = start["messages"]
         box = await self._toolbox(provider, cs, start["retained"], turn_id)
-        system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "")
+        clients = client_names(cmd)
+        if clients:
+            box.specs = with_client_tools(box.specs, client_specs(cmd))
+        system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "") + \
+            (f"\n\n{cmd['system']}" if cmd.get("system") else "")  # the gateway client's own system prompt
         trunc_settings = {"truncateThreshold": cs.get("truncateThreshold"), **window}
         fixed = fixed_tokens(system, box.specs)
         room = input_room(cs.get("contextWindow"), cs.get("reservation"))
@@ -358,6 +372,8 @@ class TurnRunner:
             with span("step", **{"ctx.step": step, "ctx.turn_id": turn_id}):
                 if step in st.steps:
                     rec = st.steps[step]
+                    if clients and client_calls(rec.assistant, clients):
+                        return await self._hand_over(st, ts, step, provider, box, trunc_settings, cs, clients)
                     if not rec.complete:
                         await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
                     if not rec.calls:
@@ -369,7 +385,8 @@ class TurnRunner:
                                                                checkpoint, start["retained"], fixed, compaction, ts,
                                                                room, user_message_id)
                 messages, served_tokens = await self._within_window(messages, room, fixed, user_message_id, ts, step)
-                request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
+                request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs,
+                                       max_output_tokens=cmd.get("maxOutputTokens"))
                 body = request.render()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
                     if self.keep_requests else None
@@ -399,6 +416,8 @@ class TurnRunner:
                 st.steps[step] = StepRecord(step, a_msg)
                 if not response.tool_calls:
                     return await self._finish(st, ts, step, conversation_id, cs)
+                if clients and client_calls(a_msg, clients):
+                    return await self._hand_over(st, ts, step, provider, box, trunc_settings, cs, clients)
                 await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
         # keep the work: the steps so far (every call answered) join the conversation, then the typed end
         await self.backends.complete_turn(conversation_id, turn_id, st.messages(user_message_id),
@@ -461,6 +480,32 @@ class TurnRunner:
         await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
                                   "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
                                            "messageIds": [m["id"] for m in messages]}})
+
+    async def _hand_over(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
+                         trunc_settings: dict[str, Any], cs: dict[str, Any], clients: frozenset[str]) -> None:
+        """A step called client tools (gateway, SPEC §15.5): its server-side calls run and are recorded here as
+        usual, the client's are not run — the turn completes with them pending (stopReason ``tool_calls``), the
+        step's assistant message and its server-side results are stored, and the client's results continue the
+        conversation under them on its next request."""
+        cmd = st.command or {}
+        conversation_id = cmd["conversationId"]
+        rec = st.steps[step]
+        st.steps[step] = StepRecord(step, server_view(rec.assistant, clients), rec.results, rec.requested)
+        try:  # the same execution, truncation and records as any step, over the server-side calls only
+            await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+        finally:
+            st.steps[step] = rec
+        messages = handed_over_messages(st, cmd["userMessageId"], step, clients)
+        await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                          event_id=event_id(st.turn_id, "persist"))
+        await self._release_provisional(st.turn_id)
+        text = "".join(p.get("text", "") for p in rec.assistant["parts"] if p.get("type") == "text")
+        answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
+        await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                                  "data": {"turnId": st.turn_id, "steps": step, "answer": answer,
+                                           "messageIds": [m["id"] for m in messages], "stopReason": "tool_calls",
+                                           "pendingToolCalls": [c["toolCallId"]
+                                                                for c in client_calls(rec.assistant, clients)]}})
 
     async def _release_provisional(self, turn_id: str) -> None:
         await release_provisional(self.backends, turn_id)
