@@ -102,6 +102,7 @@ class Script:
         calls = {cid: (name, args) for t in turns for cid, name, args in t.calls}
         done = list(dict.fromkeys(line for t in since if t.role == "assistant" for line in t.text.splitlines()
                                   if line.startswith("readback ")))
+        said = len(done)  # an assistant text says what is new; the answer says it all
         if "fs_read" in tools and self.readback:
             # the outputs asked for: (label, uri) of the client's tool results that carry a trim marker
             wanted: list[tuple[str, str, int]] = []
@@ -123,19 +124,19 @@ class Script:
                 joined, offset = self.joined(pages)
                 if offset is not None:  # (more) to read
                     args = {"uri": uri, "offset": offset, "limit": limit}
-                    return "\n".join(done), [("fs_read", args)]
+                    return "\n".join(done[said:]), [("fs_read", args)]
                 # said in the next assistant text, so later steps (their requests carry it) know it is read
                 done.append(readback_line(label, uri, joined))
-        return self._next(turns, at, tools, done)
+        return self._next(turns, at, tools, done, said)
 
-    def _next(self, turns: list[Turn], at: int, tools: list[str],
-              done: list[str]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    def _next(self, turns: list[Turn], at: int, tools: list[str], done: list[str],
+              said: int = 0) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
         since = turns[at + 1:]
         calls = {cid: name for t in turns for cid, name, _ in t.calls}
         mine = [n for n in tools if n not in CTX_TOOLS]
         rounds = sum(1 for t in since if t.role == "assistant" and any(calls[c] in mine for c, _, _ in t.calls))
         if mine and rounds < self.steps:
-            return "\n".join(done), [(mine[(rounds * self.parallel + j) % len(mine)],
+            return "\n".join(done[said:]), [(mine[(rounds * self.parallel + j) % len(mine)],
                                       {"step": rounds + 1, "part": j + 1}) for j in range(self.parallel)]
         results = sum(1 for t in since for cid, _ in t.results if calls.get(cid) in mine)
         return "\n".join([f"done after {rounds} rounds and {results} results.", *done]), []
