@@ -331,3 +331,30 @@ async def test_one_running_turn_per_conversation(gw, fake_openai):
         done = await first
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "conversation_busy"
     assert done.status_code == 200 and done.json()["choices"][0]["message"]["content"] == "slow answer"
+
+
+async def test_tool_choice_and_options_reach_either_upstream(gw, fake_openai, fake_anthropic):
+    """The client's tool choice, parallel-calls switch, max tokens and sampling options go upstream in the
+    upstream's own terms — an OpenAI client on an Anthropic-served model included."""
+    body = chat(user("choices: weather in Rome?"), tools=[WEATHER], temperature=0.2, stop=["END"], max_tokens=77,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+                logprobs=True)
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": None,
+                                  "tool_calls": [call("call_choice", "get_weather", {"city": "Rome"})]}
+        r = await http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        sent = fake_openai.requests[-1]
+        assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+        assert sent["parallel_tool_calls"] is False and sent["max_tokens"] == 77
+        assert sent["temperature"] == 0.2 and sent["stop"] == ["END"] and "logprobs" not in sent
+
+        fake_anthropic.reply_next = [{"type": "tool_use", "id": "toolu_choice", "name": "get_weather",
+                                      "input": {"city": "Rome"}}]
+        r = await http.post("/v1/chat/completions", json={**body, "model": CLAUDE})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["tool_calls"][0]["id"] == "toolu_choice"
+        sent = fake_anthropic.requests[-1]
+        assert sent["tool_choice"] == {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+        assert sent["temperature"] == 0.2 and sent["stop_sequences"] == ["END"] and sent["max_tokens"] == 77
+        assert "stop" not in sent and "logprobs" not in sent

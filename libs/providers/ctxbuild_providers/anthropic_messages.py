@@ -58,6 +58,19 @@ def to_wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return wire
 
 
+def wire_tool_choice(choice: dict[str, Any] | None, parallel: bool | None) -> dict[str, Any] | None:
+    """Neutral tool choice → Anthropic's (``required`` is ``any``); no parallel calls rides on it."""
+    if choice is None and parallel is not False:
+        return None
+    kind = (choice or {"type": "auto"})["type"]
+    out: dict[str, Any] = {"type": "any" if kind == "required" else kind}
+    if kind == "tool":
+        out["name"] = choice["name"]  # type: ignore[index]
+    if parallel is False and kind != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
 def build_params(request: ModelRequest, max_tokens: int) -> dict[str, Any]:
     messages = to_wire_messages(request.messages)
     if messages:
@@ -71,6 +84,10 @@ def build_params(request: ModelRequest, max_tokens: int) -> dict[str, Any]:
                  for t in request.tools]
         tools[-1]["cache_control"] = EPHEMERAL
         params["tools"] = tools
+        if (choice := wire_tool_choice(request.tool_choice, request.parallel_tool_calls)) is not None:
+            params["tool_choice"] = choice
+    if extra := {k: v for k, v in request.options.items() if k not in params}:
+        params["extra_body"] = extra  # merged into the JSON body (the SDK names only some of them)
     return params
 
 

@@ -51,6 +51,12 @@ def to_wire_messages(system: str, messages: list[dict[str, Any]]) -> list[dict[s
     return wire
 
 
+def wire_tool_choice(choice: dict[str, Any]) -> str | dict[str, Any]:
+    if choice.get("type") == "tool":
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice["type"]
+
+
 def to_wire_tools(request: ModelRequest) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": t.name, "description": t.description,
                                               "parameters": t.input_schema}} for t in request.tools]
@@ -169,8 +175,14 @@ class OpenAIChatProvider:
         kwargs: dict[str, Any] = {"model": self.model, "messages": to_wire_messages(request.system, request.messages)}
         if request.tools:
             kwargs["tools"] = to_wire_tools(request)
+            if request.tool_choice is not None:
+                kwargs["tool_choice"] = wire_tool_choice(request.tool_choice)
+            if request.parallel_tool_calls is not None:
+                kwargs["parallel_tool_calls"] = request.parallel_tool_calls
         if request.max_output_tokens:
             kwargs["max_tokens"] = request.max_output_tokens
+        if extra := {k: v for k, v in request.options.items() if k not in kwargs}:
+            kwargs["extra_body"] = extra  # merged into the JSON body whatever the SDK version names
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}

@@ -250,7 +250,7 @@ class Gateway:
                     [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
             await self.edge.enqueue(conversation_id, turn_id, task_id, {"kind": model.dialect,
                                                                         "model": model.upstream_model},
-                                    cs, self.config.max_steps, extra=self.command_fields(req))
+                                    cs, self.config.max_steps, extra=self.command_fields(req, model.dialect))
         except BaseException as exc:
             await watch.close()
             await asyncio.shield(self.edge.abandon(turn_id, exc))
@@ -258,7 +258,7 @@ class Gateway:
         return started
 
     @staticmethod
-    def command_fields(req: GatewayRequest) -> dict[str, Any]:
+    def command_fields(req: GatewayRequest, upstream: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if req.tools:
             out["clientTools"] = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema}
@@ -269,8 +269,8 @@ class Gateway:
             out["parallelToolCalls"] = req.parallel_tool_calls
         if req.system:
             out["system"] = req.system
-        if req.options:
-            out["options"] = req.options
+        if options := upstream_options(req.options, upstream):
+            out["options"] = options
         if req.max_tokens:
             out["maxOutputTokens"] = req.max_tokens
         return out
@@ -365,6 +365,26 @@ class Gateway:
         task = asyncio.create_task(run(), name=f"gateway-abort:{started.turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+# sampling options each upstream takes (the rest of a client's fields are not sent: they would be refused, or
+# change what the gateway must answer — n, logprobs, thinking)
+OPENAI_OPTIONS = frozenset({"temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+                            "logit_bias", "user", "response_format", "reasoning_effort", "service_tier"})
+ANTHROPIC_OPTIONS = frozenset({"temperature", "top_p", "top_k", "stop_sequences"})
+
+
+def upstream_options(options: dict[str, Any], upstream: str) -> dict[str, Any]:
+    """A client's sampling options in the upstream dialect's terms (stop ⇄ stop_sequences)."""
+    opts = dict(options)
+    if upstream == "anthropic" and "stop" in opts and "stop_sequences" not in opts:
+        stop = opts.pop("stop")
+        if stop is not None:
+            opts["stop_sequences"] = [stop] if isinstance(stop, str) else stop
+    if upstream == "openai" and "stop_sequences" in opts and "stop" not in opts:
+        opts["stop"] = opts.pop("stop_sequences")
+    allowed = ANTHROPIC_OPTIONS if upstream == "anthropic" else OPENAI_OPTIONS
+    return {k: v for k, v in opts.items() if k in allowed and v is not None}
 
 
 def overhead_ms(started: Started, finished: Finished) -> float:

@@ -386,7 +386,10 @@ class TurnRunner:
                                                                room, user_message_id)
                 messages, served_tokens = await self._within_window(messages, room, fixed, user_message_id, ts, step)
                 request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs,
-                                       max_output_tokens=cmd.get("maxOutputTokens"))
+                                       max_output_tokens=cmd.get("maxOutputTokens"),
+                                       tool_choice=cmd.get("toolChoice"),
+                                       parallel_tool_calls=cmd.get("parallelToolCalls"),
+                                       options=cmd.get("options") or {})  # the gateway client's choices
                 body = request.render()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
                     if self.keep_requests else None
