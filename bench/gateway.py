@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,7 @@ OUTPUT_CHARS = 12_000
 TARGETS = ("direct", "litellm", "ctxbuild")
 GATEWAYS = ("litellm", "ctxbuild")
 LITELLM_KEY = "sk-bench-litellm"
+FULL_OUTPUT = re.compile(r"Full output: (\S+)")  # a trim marker's URI, as the model reads it
 TOOL = {"type": "function", "function": {
     "name": "run_step", "description": "Run one step of the job and return its full log.",
     "parameters": {"type": "object", "properties": {"step": {"type": "integer"}, "part": {"type": "integer"}},
@@ -298,35 +300,55 @@ def conversation(targets: dict[str, Target], upstream: httpx.Client, steps: int,
         out["ctxbuild_conversations"] = len(conversation_ids)
         out["ctxbuild_headers_last"] = {k: v for k, v in targets["ctxbuild"].headers[-1].items()
                                         if k.startswith("x-ctx-")}
-        out.update(readback(targets["ctxbuild"], history["ctxbuild"], outputs, served, progress, rb_task))
+        out.update(readback(targets["ctxbuild"], upstream, history["ctxbuild"], outputs, served, progress, rb_task))
     return out
 
 
-def readback(target: Target, history: list[dict[str, Any]], outputs: dict[str, str],
+def tool_names(body: dict[str, Any], result: dict[str, Any]) -> set[str]:
+    """The name of the call a tool message answers (OpenAI tool messages carry only the call id)."""
+    return {c["function"]["name"] for m in body["messages"] if m["role"] == "assistant"
+            for c in m.get("tool_calls") or [] if c["id"] == result.get("tool_call_id")}
+
+
+def readback(target: Target, upstream: httpx.Client, history: list[dict[str, Any]], outputs: dict[str, str],
              served: list[dict[str, Any]], progress: Progress, task: Any) -> dict[str, Any]:
-    """One client turn per output ctxbuild served trimmed: the model reads it back through fs_read (server-side);
-    its answer names the chars and sha256 of what the pages joined back to."""
-    trimmed = sorted({label for body in served for m in body["messages"] if m["role"] == "tool"
-                      for label in outputs if isinstance(m.get("content"), str)
-                      and m["content"].startswith(f"output-id: {label}\n") and "<persisted-output>" in m["content"]})
-    progress.update(task, total=len(trimmed))
+    """One client turn per output ctxbuild served trimmed: the model reads it back through fs_read (server-side),
+    by the URI its marker showed the model (a long history folds old outputs out of view); its answer names the
+    chars and sha256 of what the pages joined back to."""
+    uris: dict[str, str] = {}
+    for body in served:
+        for m in body["messages"]:
+            text = m.get("content") if m["role"] == "tool" else None
+            if isinstance(text, str) and text.startswith("output-id: ") and "<persisted-output>" in text:
+                label = text.split("\n", 1)[0].removeprefix("output-id: ")
+                if label in outputs and (found := FULL_OUTPUT.search(text)):
+                    uris.setdefault(label, found.group(1))
+    progress.update(task, total=len(uris))
     checked, failures = 0, []
-    for label in trimmed:
-        history.append({"role": "user", "content": f"Read {label} back in full. [[fake: readback={label}]]"})
+    for label, uri in sorted(uris.items()):
+        since = len(upstream.get("/_recorded", params={"since": 0}).json())
+        history.append({"role": "user", "content": f"Read {label} back in full. [[fake: readback={uri}]]"})
         _, got = target.post({"model": MODEL, "messages": history, "tools": [TOOL], "max_tokens": 1024})
         msg = got["choices"][0]["message"]
         history.append({"role": "assistant", "content": msg.get("content")})
         text = outputs[label]
         want = f"chars={len(text)} sha256={hashlib.sha256(text.encode()).hexdigest()}"
-        lines = [x for x in (msg.get("content") or "").splitlines() if x.startswith(f"readback {label} ")]
+        lines = [x for x in (msg.get("content") or "").splitlines() if x.startswith(f"readback {uri} {uri} ")]
         if lines and all(x.endswith(want) for x in lines):
             checked += 1
         else:
-            failures.append({"label": label, "want": want, "got": lines or (msg.get("content") or "")[:300]})
+            bodies = upstream.get("/_recorded", params={"since": since}).json()
+            reads = [m["content"] for b in bodies for m in b["messages"]
+                     if m["role"] == "tool" and "fs_read" in tool_names(b, m)]
+            failures.append({"label": label, "uri": uri, "want": want,
+                             "got": lines or (msg.get("content") or "")[:300],
+                             "fs_read_said": [r[:300] for r in reads[-2:]],
+                             "uri_in_served_request": bool(bodies) and uri in json.dumps(bodies[0]),
+                             "served_request_roles": [m["role"] for m in bodies[0]["messages"]] if bodies else []})
         progress.advance(task)
-    return {"outputs": len(outputs), "trimmed_outputs": len(trimmed), "read_back_in_full": checked,
+    return {"outputs": len(outputs), "trimmed_outputs": len(uris), "read_back_in_full": checked,
             "readback_failures": failures[:5],
-            "readback_ok": bool(trimmed) and checked == len(trimmed) and len(trimmed) == len(outputs)}
+            "readback_ok": bool(uris) and checked == len(uris) == len(outputs)}
 
 
 # ---------------------------------------------------------------- run

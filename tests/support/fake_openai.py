@@ -20,10 +20,10 @@ last user message carries ``[[fake: steps=K parallel=P readback=new|none|<label>
 client's own tools (every offered tool that is not ctxbuild's) for K rounds of P parallel calls
 (arguments ``{"step": n, "part": j}``); with ``readback`` it first reads back, through ``fs_read`` page by page,
 each trimmed output (its ``<persisted-output>`` URI) it was asked for — ``new``: those since the user message,
-``<label>``: the client tool result holding ``output-id: <label>`` — and its answer names, per output read, the
-chars and sha256 of the text the pages joined back to, so a test proves the full text came back. Without the
-directive nothing changes. ``GET /_recorded?since=n`` returns the recorded bodies (for a server in a subprocess:
-``python -m tests.support.fake_openai --port N``).
+``<label>``: the client tool result holding ``output-id: <label>``, ``context://…``: that URI — and its answer
+names, per output read, the chars and sha256 of the text the pages joined back to, so a test proves the full text
+came back. Without the directive nothing changes. ``GET /_recorded?since=n`` returns the recorded bodies (for a
+server in a subprocess: ``python -m tests.support.fake_openai --port N``).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ DIRECTIVE = re.compile(r"\[\[fake: ([^\]]*)\]\]")
 FULL_OUTPUT = re.compile(r"Full output: (\S+)")
 TOTALS = re.compile(r"\((\d+) lines, (\d+) chars total")
 PAGE_CHARS = 40_000  # under fs_read's 50,000-char page cap with the line numbers
+URI_PAGE_LINES = 200  # a page of an output whose marker (its totals) is not in view
 PAGE_LINE = re.compile(r"^ *\d+\t", re.MULTILINE)
 MORE = re.compile(r"\n\n\[showing lines \d+-(\d+) of \d+; \d+ more — call again with offset=\d+ to continue\]$")
 # the tools ctxbuild offers beside the client's: never called as "the client's tools"
@@ -116,6 +117,8 @@ class Script:
                         lines, chars = (int(totals.group(1)), int(totals.group(2))) if totals else (1, 1)
                         limit = max(1, PAGE_CHARS * lines // (chars + 8 * lines))
                         wanted += [(label, uri, limit) for uri in FULL_OUTPUT.findall(text)]
+            # a URI asked for by name: read even when the output it came from is folded out of view
+            wanted += [(uri, uri, URI_PAGE_LINES) for uri in self.readback if uri.startswith("context://")]
             for label, uri, limit in wanted:
                 if any(line.startswith(f"readback {label} {uri} ") for line in done):
                     continue
