@@ -251,9 +251,10 @@ def conversation(targets: dict[str, Target], upstream: httpx.Client, steps: int,
                  task: Any, rb_task: Any) -> dict[str, Any]:
     names = list(targets)
     since = len(upstream.get("/_recorded").json())  # the small requests' bodies are not the conversation's
-    first = {"role": "user",
-             "content": f"Run the job step by step and tell me when it is done. [[fake: steps={steps}]]"}
-    history = {n: [first] for n in names}
+    # the script in the system prompt: served every step, while compaction may fold the first user message away
+    system = {"role": "system", "content": f"You run jobs with run_step. [[fake: steps={steps}]]"}
+    first = {"role": "user", "content": "Run the job step by step and tell me when it is done."}
+    history = {n: [system, first] for n in names}
     outputs: dict[str, str] = {}
     lat: dict[str, dict[str, list[float]]] = {n: {"stream_first_byte": [], "stream_last_byte": []} for n in names}
     answers: dict[str, str] = {}
@@ -284,6 +285,9 @@ def conversation(targets: dict[str, Target], upstream: httpx.Client, steps: int,
         progress.advance(task)
         if step > steps + 2:
             raise RuntimeError(f"the conversation did not end after {steps} steps: {answers}")
+    if len({len(v["stream_last_byte"]) for v in lat.values()}) != 1:  # paired overheads need the same steps
+        ended = {n: len(v["stream_last_byte"]) for n, v in lat.items()}
+        raise RuntimeError(f"the targets ended after different steps: {ended} {answers}")
     # what each target sent upstream, per step (the fake records every body)
     recorded = upstream.get("/_recorded", params={"since": since}).json()
     sent = {n: [message_tokens(b["messages"]) for b in recorded if b["model"] == targets[n].upstream_model]

@@ -94,7 +94,9 @@ class FakeAnthropic(ThreadedServer):
         return JSONResponse(self.requests[int(request.query_params.get("since", 0)):])
 
     def scripted(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
-        turns = anthropic_turns(body["messages"])
+        system = body.get("system") or ""
+        system = system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
+        turns = [Turn("system", system), *anthropic_turns(body["messages"])]
         found = Script.of(turns)
         if found is None:
             return None

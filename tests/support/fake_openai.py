@@ -16,14 +16,15 @@ assistant message to answer with instead of deciding), ``delay_next_s`` (seconds
 lost mid-body; ``"error"``: an error object arrives mid-stream).
 
 A client-tool script (for the gateway's real-client tests and ``make bench-gateway``; :class:`Script`): when the
-last user message carries ``[[fake: steps=K parallel=P readback=new|none|<label>,…]]`` the model calls the
-client's own tools (every offered tool that is not ctxbuild's) for K rounds of P parallel calls
-(arguments ``{"step": n, "part": j}``); with ``readback`` it first reads back, through ``fs_read`` page by page,
-each trimmed output (its ``<persisted-output>`` URI) it was asked for — ``new``: those since the user message,
-``<label>``: the client tool result holding ``output-id: <label>``, ``context://…``: that URI — and its answer
-names, per output read, the chars and sha256 of the text the pages joined back to, so a test proves the full text
-came back. Without the directive nothing changes. ``GET /_recorded?since=n`` returns the recorded bodies (for a
-server in a subprocess: ``python -m tests.support.fake_openai --port N``).
+last user message (else the system prompt) carries ``[[fake: steps=K parallel=P readback=new|none|<label>,…]]``
+the model calls the client's own tools (every offered tool that is not ctxbuild's) for K rounds of P parallel
+calls (arguments ``{"step": n, "part": j}``; an output starting ``output-id: s<n>p<j>`` marks round n done);
+with ``readback`` it first reads back, through ``fs_read`` page by page, each trimmed output (its
+``<persisted-output>`` URI) it was asked for — ``new``: those since the user message, ``<label>``: the client
+tool result holding ``output-id: <label>``, ``context://…``: that URI — and its answer names, per output read, the
+chars and sha256 of the text the pages joined back to, so a test proves the full text came back. Without the
+directive nothing changes. ``GET /_recorded?since=n`` returns the recorded bodies (for a server in a subprocess:
+``python -m tests.support.fake_openai --port N``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def pieces(text: str, n: int = 3) -> list[str]:
 
 DIRECTIVE = re.compile(r"\[\[fake: ([^\]]*)\]\]")
 FULL_OUTPUT = re.compile(r"Full output: (\S+)")
+STEP_LABEL = re.compile(r"output-id: s(\d+)p\d+\n")
 TOTALS = re.compile(r"\((\d+) lines, (\d+) chars total")
 PAGE_CHARS = 40_000  # under fs_read's 50,000-char page cap with the line numbers
 URI_PAGE_LINES = 200  # a page of an output whose marker (its totals) is not in view
@@ -91,11 +93,16 @@ class Script:
         """The directive of the last user message and that message's index, or None (no script)."""
         users = [i for i, t in enumerate(turns) if t.role == "user"]
         found = DIRECTIVE.search(turns[users[-1]].text) if users else None
+        # else the system prompt's: a client's system prompt is served every step, while a long conversation's
+        # first user message may be folded away by compaction
+        for t in turns:
+            if found is None and t.role == "system":
+                found = DIRECTIVE.search(t.text)
         if found is None:
             return None
         opts = dict(kv.split("=", 1) for kv in found.group(1).split() if "=" in kv)
         rb = tuple(x for x in opts.get("readback", "none").split(",") if x and x != "none")
-        return cls(int(opts.get("steps", 0)), int(opts.get("parallel", 1)), rb), users[-1]
+        return cls(int(opts.get("steps", 0)), int(opts.get("parallel", 1)), rb), users[-1] if users else -1
 
     def decide(self, turns: list[Turn], at: int, tools: list[str]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
         """(text, calls): the calls to make now (empty → ``text`` is the answer)."""
@@ -138,6 +145,9 @@ class Script:
         calls = {cid: name for t in turns for cid, name, _ in t.calls}
         mine = [n for n in tools if n not in CTX_TOOLS]
         rounds = sum(1 for t in since if t.role == "assistant" and any(calls[c] in mine for c, _, _ in t.calls))
+        # outputs named s<step>p<part> say their round even when earlier rounds are folded out of view
+        rounds = max([rounds, *(int(m.group(1)) for t in since for _, text in t.results
+                                if (m := STEP_LABEL.match(text)))])
         if mine and rounds < self.steps:
             return "\n".join(done[said:]), [(mine[(rounds * self.parallel + j) % len(mine)],
                                       {"step": rounds + 1, "part": j + 1}) for j in range(self.parallel)]
@@ -168,6 +178,8 @@ def openai_turns(messages: list[dict[str, Any]]) -> list[Turn]:
     for m in messages:
         if m["role"] == "tool":
             out.append(Turn("tool", results=[(m["tool_call_id"], text(m.get("content")))]))
+        elif m["role"] in ("system", "developer"):
+            out.append(Turn("system", text(m.get("content"))))
         elif m["role"] in ("user", "assistant"):
             out.append(Turn(m["role"], text(m.get("content")), [
                 (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
