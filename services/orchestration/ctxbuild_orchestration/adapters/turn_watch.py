@@ -21,10 +21,12 @@ ENDED_SUBJECT = "ctx.turn.ended"
 ENDED_SCHEMA = "subjects/ctx.turn.ended.request.json"
 
 
-async def publish_ended(broker: Any, turn_id: str, type_: str) -> None:
-    """Fire and forget: a lost notice costs a waiter its backstop read, never the turn."""
+async def publish_ended(broker: Any, turn_id: str, type_: str, result: dict[str, Any] | None = None) -> None:
+    """Fire and forget: a lost notice costs a waiter its backstop read, never the turn. ``result``: a completed
+    gateway turn's response summary (the waiter then needs no read)."""
     try:
-        await broker.publish(dump(TurnEndedNotice(turnId=turn_id, type=type_)), f"{ENDED_SUBJECT}.{turn_id}")
+        notice = {"turnId": turn_id, "type": type_, **({"result": result} if result is not None else {})}
+        await broker.publish(dump(TurnEndedNotice.model_validate(notice)), f"{ENDED_SUBJECT}.{turn_id}")
     except Exception as exc:  # noqa: BLE001 - the terminal event is stored; the notice is a courtesy
         log.debug("ended-not-sent", turn_id=turn_id, error=str(exc)[:200])
 
@@ -45,7 +47,7 @@ class TurnWatch:
             elif msg.subject.startswith(ENDED_SUBJECT + "."):
                 body = json.loads(msg.data)
                 contracts.validate(ENDED_SCHEMA, body)
-                self.items.put_nowait(("ended", body["type"]))
+                self.items.put_nowait(("ended", body))
         except (ValueError, InvalidPayload, asyncio.QueueFull):
             pass
 

@@ -269,12 +269,13 @@ class Edge:
         return latest["type"] not in TERMINAL
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
-                    regenerate_of: str | None = None) -> None:
+                    regenerate_of: str | None = None, fresh: bool = False) -> None:
         """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
         ended, and the new admission is appended with the admissions stream's expected version — of concurrent
-        requests exactly one is admitted, the others get 409."""
+        requests exactly one is admitted, the others get 409. ``fresh``: a conversation this request has just
+        created has no admission yet (nothing to read; expected version 0 still guards it)."""
         stream = ADMISSIONS_PREFIX + conversation_id
-        version, previous = await self.stream_tail(stream)
+        version, previous = (0, None) if fresh else await self.stream_tail(stream)
         if previous is not None and await self.still_running(previous):
             raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         data = {"turnId": turn_id, "userMessageId": user_message_id}
@@ -288,7 +289,7 @@ class Edge:
             raise
 
     async def admit_for(self, who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
-                        regenerate_of: str | None = None) -> None:
+                        regenerate_of: str | None = None, fresh: bool = False) -> None:
         """The caller's running-turn limit (429), then the conversation's one running turn (409)."""
         async def running(t: str) -> bool:
             _, latest = await self.stream_tail(f"turn:{t}")
@@ -296,7 +297,7 @@ class Edge:
 
         await self.auth.admit_turn(who, turn_id, running)
         try:
-            await self.admit(conversation_id, turn_id, user_message_id, regenerate_of)
+            await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh)
         except BaseException:
             self.auth.turn_not_started(who, turn_id)
             raise

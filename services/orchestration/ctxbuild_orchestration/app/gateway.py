@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from ctxbuild_blobclient import content_ref
 from ctxbuild_platform.errors import RemoteError, ServiceError
 
 from ..adapters import content
 from ..adapters.backends import new_event
 from ..adapters.turn_watch import TurnWatch
+from ..domain.client_tools import PREFIX_STREAM, gateway_result
 from ..domain.gateway import (
     DialectError,
     GatewayRequest,
@@ -42,12 +44,11 @@ from ..domain.gateway import (
     result_message,
 )
 from ..domain.keys import Principal
-from ..domain.turn_state import TERMINAL, TurnState, event_id, fold
+from ..domain.turn_state import TERMINAL, event_id, fold
 from .edge import Edge, bad_text_at, safe_text
 from .runner import new_id
 
 log = structlog.get_logger("gateway")
-PREFIX_STREAM = "gwprefix:"
 BACKSTOP_S = 2.0  # a lost end notice (core NATS) costs at most this long: then the turn's stream is read
 
 
@@ -91,6 +92,8 @@ class Started:
     t0: float
     records: asyncio.Task | None = None  # the new messages' prefix records (durable before the response ends)
     created: bool = False
+    who: Principal | None = None
+    notice: dict[str, Any] | None = None  # the end notice (TurnEndedNotice): a completed turn's summary in it
 
 
 @dataclass
@@ -217,12 +220,7 @@ class Gateway:
             hist = await self.backends.history(explicit)
             anchor = hist["messages"][-1]["id"] if hist["messages"] else None
         cs = self.turn_settings(model, stored_settings)
-        if created:
-            conversation_id = new_id("conv")
-            await self.backends.append(f"conversation:{conversation_id}", [new_event("ConversationCreated", {
-                "conversationId": conversation_id, "tenantId": who.tenant, "settings": cs,
-                "title": f"gateway: {req.model}"[:200]})], expected=0)
-        assert conversation_id is not None
+        conversation_id = conversation_id or new_id("conv")
         new = req.messages[k:]
         turn_id = new_id("turn")
         stored: list[dict[str, Any]] = []
@@ -234,32 +232,43 @@ class Gateway:
         task_id = parent  # the turn answers the last message (a retry of a stored request: its last message)
         if task_id is None:
             raise DialectError(400, "invalid_request_error", "nothing to answer", "messages")
+        creation = new_event("ConversationCreated", {
+            "conversationId": conversation_id, "tenantId": who.tenant, "settings": cs,
+            "title": f"gateway: {req.model}"[:200]}) if created else None
         watch = TurnWatch()  # before the turn is queued: its deltas and end cannot be missed
         await watch.subscribe(self.backends.rpc.broker.connection, turn_id)
+        started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created, who=who)
+        admitted = False
         try:
-            await self.edge.admit_for(who, conversation_id, turn_id, task_id)
-        except BaseException:
-            await watch.close()
-            raise
-        started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created)
-        try:
-            if stored:
-                await self.store_input(conversation_id, turn_id, stored, cs)
-                # recorded beside the turn; awaited before the response ends
+            if created:  # nobody else knows the conversation yet: created, stored and admitted at once
+                outcomes = await asyncio.gather(
+                    self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=True),
+                    self.store_input(conversation_id, turn_id, stored, cs, creation), return_exceptions=True)
+                admitted = not isinstance(outcomes[0], BaseException)
+                for outcome in outcomes:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+            else:  # admitted first: a busy conversation (409) stores nothing
+                await self.edge.admit_for(who, conversation_id, turn_id, task_id)
+                admitted = True
+                if stored:
+                    await self.store_input(conversation_id, turn_id, stored, cs)
+            if stored:  # recorded beside the turn; awaited before the response ends
                 started.records = asyncio.create_task(self._record_all(
                     [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
-            await self.edge.enqueue(conversation_id, turn_id, task_id, {"kind": model.dialect,
-                                                                        "model": model.upstream_model},
-                                    cs, self.config.max_steps, extra=self.command_fields(req, model.dialect))
+            provider = {"kind": model.dialect, "model": model.upstream_model}
+            await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
+                                    extra=self.command_fields(req, model.dialect, hashes[-1]))
         except BaseException as exc:
             await watch.close()
-            await asyncio.shield(self.edge.abandon(turn_id, exc))
+            if admitted:
+                await asyncio.shield(self.edge.abandon(turn_id, exc))
             raise
         return started
 
     @staticmethod
-    def command_fields(req: GatewayRequest, upstream: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def command_fields(req: GatewayRequest, upstream: str, chain: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"gatewayChain": chain}
         if req.tools:
             out["clientTools"] = [{"name": t.name, "description": t.description, "inputSchema": t.input_schema}
                                   for t in req.tools]
@@ -279,22 +288,34 @@ class Gateway:
         await asyncio.gather(*(self._record(*r) for r in rows))
 
     async def store_input(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
-                          cs: dict[str, Any]) -> None:
-        """The new messages, in one persist-lane call (idempotent by the turn): client tool results trimmed in
-        flight first, exactly as the runner trims its own tools' results."""
+                          cs: dict[str, Any], creation: dict[str, Any] | None = None) -> None:
+        """The new messages (after ``creation``, a new conversation's ConversationCreated). Without tool results:
+        one append (large parts by reference, owned by the conversation, as the API stores a user message). With
+        client tool results: one persist-lane call (idempotent by the turn), the results trimmed in flight first,
+        exactly as the runner trims its own tools' results."""
+        stream = f"conversation:{conversation_id}"
         results = [p for m in messages if m["role"] == "tool" for p in m["parts"] if p.get("type") == "tool-result"]
-        if results:
-            settings = {"truncateThreshold": cs.get("truncateThreshold"), "contextWindow": cs.get("contextWindow"),
-                        "reservation": cs.get("reservation")}
-            try:
-                trimmed = (await self.backends.truncate_step(conversation_id, turn_id, settings, results))["parts"]
-            except RemoteError as exc:  # better fat than lost: the outputs are stored whole
-                log.warning("gateway-truncation-unavailable", turn_id=turn_id, error=safe_text(exc))
-                trimmed = results
-            by_id = {p["toolCallId"]: p for p in trimmed}
-            messages = [m if m["role"] != "tool" else
-                        {**m, "parts": [by_id.get(p.get("toolCallId"), p) if p.get("type") == "tool-result" else p
-                                        for p in m["parts"]]} for m in messages]
+        if not results:
+            small = await asyncio.gather(*(content_ref.store_message_parts(
+                self.backends.blobs, m, conversation_id, ("conversation", conversation_id), "tool_output")
+                for m in messages))
+            events = [new_event("UserMessageAdded", {"message": m}) for m in small]
+            await self.backends.append(stream, [creation, *events] if creation else events,
+                                       expected=0 if creation else None)
+            return
+        if creation is not None:
+            await self.backends.append(stream, [creation], expected=0)
+        settings = {"truncateThreshold": cs.get("truncateThreshold"), "contextWindow": cs.get("contextWindow"),
+                    "reservation": cs.get("reservation")}
+        try:
+            trimmed = (await self.backends.truncate_step(conversation_id, turn_id, settings, results))["parts"]
+        except RemoteError as exc:  # better fat than lost: the outputs are stored whole
+            log.warning("gateway-truncation-unavailable", turn_id=turn_id, error=safe_text(exc))
+            trimmed = results
+        by_id = {p["toolCallId"]: p for p in trimmed}
+        messages = [m if m["role"] != "tool" else
+                    {**m, "parts": [by_id.get(p.get("toolCallId"), p) if p.get("type") == "tool-result" else p
+                                    for p in m["parts"]]} for m in messages]
         # the input's own record id: the turn's messages (its answer) are the runner's; the turn's task must not
         # be taken for one of them (compaction finds a turn's task before the turn's first row)
         await self.backends.complete_turn(conversation_id, f"{turn_id}.input", messages, cs.get("truncateThreshold"),
@@ -319,27 +340,35 @@ class Gateway:
                                        code="timeout", retryable=True) from None
                 continue
             if kind == "ended":
+                started.notice = item
                 return
             yield item
 
     async def finish(self, started: Started) -> Finished:
         """The ended turn's result from its events; the answer's prefix recorded before the client sees it."""
         await started.watch.close()
+        if started.who is not None:  # ended: no longer counts against the key's running turns
+            self.edge.auth.turn_not_started(started.who, started.turn_id)
+        if started.records is not None:
+            await started.records
+        summary = (started.notice or {}).get("result")
+        if summary is not None:  # the runner recorded the answer's prefix before it ended the turn
+            result = GatewayResult(text=summary["text"], tool_calls=summary["toolCalls"],
+                                   stop_reason=summary["stopReason"], usage=summary["usage"])
+            return Finished(result, None, summary["servedTokens"], summary["modelMs"])
         events = await self.backends.read_stream_all(f"turn:{started.turn_id}")
         st = fold(started.turn_id, events)
         await content.resolve_steps(self.backends.blobs, st)
         served = [e["data"] for e in events if e["type"] == "StepServed"]
         served_tokens = sum(int(d.get("servedTokens") or 0) for d in served)
         upstream_ms = sum(float(d.get("modelMs") or 0) for d in served)
-        if started.records is not None:
-            await started.records
         term = st.terminal or {"type": "TurnFailed", "data": {"code": "unended", "message": "the turn has not ended"}}
         if term["type"] != "TurnCompleted":
             d = term["data"]
             error = {"status": turn_failure_status(d.get("code"), d.get("retryable")),
                      "message": f"{d.get('code')}: {d.get('message')}"[:2000], "code": d.get("code")}
             return Finished(None, error, served_tokens, upstream_ms)
-        result = gateway_result(st, term["data"])
+        result = gateway_result(st, set(term["data"].get("pendingToolCalls") or []))
         ids = term["data"].get("messageIds") or []
         if ids:
             await self._record(chain_hash(started.chain, result_message(result)), started.conversation_id, ids[-1],
@@ -390,31 +419,3 @@ def upstream_options(options: dict[str, Any], upstream: str) -> dict[str, Any]:
 def overhead_ms(started: Started, finished: Finished) -> float:
     """ctxbuild's own time in the request: the wall time so far less the upstream model's time."""
     return max((time.perf_counter() - started.t0) * 1000 - finished.upstream_ms, 0.0)
-
-
-def gateway_result(st: TurnState, completed: dict[str, Any]) -> GatewayResult:
-    """What the client sees of a completed turn: the steps' text (one paragraph per step that said something),
-    the client's calls of the last step, usage summed over the steps."""
-    texts: list[str] = []
-    usage: dict[str, int] = {}
-    for k in sorted(st.steps):
-        a = st.steps[k].assistant
-        text = "".join(p.get("text", "") for p in a["parts"] if p.get("type") == "text")
-        if text:
-            texts.append(text)
-        for key, value in (a.get("usage") or {}).items():
-            if isinstance(value, int):
-                usage[key] = usage.get(key, 0) + value
-    pending = set(completed.get("pendingToolCalls") or [])
-    calls = []
-    if pending and st.steps:
-        last = st.steps[max(st.steps)].assistant
-        calls = [{"toolCallId": p["toolCallId"], "toolName": p["toolName"], "input": p.get("input") or {}}
-                 for p in last["parts"] if p.get("type") == "tool-call" and p["toolCallId"] in pending]
-    usage.setdefault("inputTokens", 0)
-    usage.setdefault("outputTokens", 0)
-    return GatewayResult(text=STEP_SEPARATOR.join(texts), tool_calls=calls,
-                         stop_reason="tool_calls" if calls else "stop", usage=usage)
-
-
-STEP_SEPARATOR = "\n\n"  # between the texts of two steps, streamed and not

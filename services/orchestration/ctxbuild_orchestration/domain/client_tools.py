@@ -9,7 +9,11 @@ from typing import Any
 
 from ctxbuild_providers import ToolSpec
 
+from .gateway import GatewayResult
 from .turn_state import TurnState, message_id
+
+PREFIX_STREAM = "gwprefix:"  # gwprefix:<hash>: the gateway's implicit conversation identity (app/gateway.py)
+STEP_SEPARATOR = "\n\n"  # between the texts of two steps, streamed and not
 
 
 def client_specs(command: dict[str, Any]) -> list[ToolSpec]:
@@ -54,3 +58,34 @@ def handed_over_messages(st: TurnState, user_message_id: str, step: int,
         out.append({"id": message_id(st.turn_id, step, "t"), "parentId": rec.assistant["id"], "role": "tool",
                     "parts": parts, "turnId": st.turn_id})
     return out
+
+
+def gateway_result(st: TurnState, pending: frozenset[str] | set[str]) -> GatewayResult:
+    """What the client sees of a completed turn: the steps' text (one paragraph per step that said something),
+    the client's calls of the last step (``pending``), usage summed over the steps."""
+    texts: list[str] = []
+    usage: dict[str, int] = {}
+    for k in sorted(st.steps):
+        a = st.steps[k].assistant
+        text = "".join(p.get("text", "") for p in a["parts"] if p.get("type") == "text")
+        if text:
+            texts.append(text)
+        for key, value in (a.get("usage") or {}).items():
+            if isinstance(value, int):
+                usage[key] = usage.get(key, 0) + value
+    calls = []
+    if pending and st.steps:
+        last = st.steps[max(st.steps)].assistant
+        calls = [{"toolCallId": p["toolCallId"], "toolName": p["toolName"], "input": p.get("input") or {}}
+                 for p in last["parts"] if p.get("type") == "tool-call" and p["toolCallId"] in pending]
+    usage.setdefault("inputTokens", 0)
+    usage.setdefault("outputTokens", 0)
+    return GatewayResult(text=STEP_SEPARATOR.join(texts), tool_calls=calls,
+                         stop_reason="tool_calls" if calls else "stop", usage=usage)
+
+
+def result_summary(st: TurnState, result: GatewayResult) -> dict[str, Any]:
+    """A completed gateway turn's response as its end notice carries it (TurnEndedNotice.result)."""
+    return {"text": result.text, "toolCalls": result.tool_calls, "stopReason": result.stop_reason,
+            "usage": result.usage, "servedTokens": sum(r.served_tokens for r in st.steps.values()),
+            "modelMs": round(sum(r.model_ms for r in st.steps.values()), 3)}

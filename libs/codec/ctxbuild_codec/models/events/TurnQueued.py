@@ -114,3 +114,10 @@ class TurnQueued(ContractModel):
         int | None,
         Field(description="the client's max_tokens per model call (gateway)", ge=1),
     ] = None
+    gatewayChain: Annotated[
+        str | None,
+        Field(
+            description="a gateway turn (SPEC §15.5): the prefix hash of the client's conversation up to this request; the runner records the answer's prefix (gwprefix:<chain_hash(gatewayChain, the answer as the client will resend it)>) before the terminal event, so the client's next request finds the conversation",
+            pattern="^[0-9a-f]{64}$",
+        ),
+    ] = None

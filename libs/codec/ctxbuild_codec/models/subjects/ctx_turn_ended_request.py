@@ -3,15 +3,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
 
+class Result(ContractModel):
+    """
+    a completed gateway turn: what its response needs (text, toolCalls, stopReason, usage, servedTokens, modelMs), so the waiter need not read the events; absent when large or not a gateway turn (the waiter reads the turn's events)
+    """
+
+    text: str
+    toolCalls: list[dict[str, Any]]
+    stopReason: Literal["stop", "tool_calls", "length"]
+    usage: dict[str, Any]
+    servedTokens: Annotated[int, Field(ge=0)]
+    modelMs: Annotated[float, Field(ge=0.0)]
+
+
 class TurnEndedNotice(ContractModel):
     """
-    Core NATS, subject ctx.turn.ended.<turnId>, no reply, not stored: published by the runner once the turn's terminal event is stored, so an edge waiting for the turn (the gateway's responses) reads it at once instead of polling. A wake-up only: the terminal event in turn:<turnId> is the record (a lost notice costs the waiter its backstop read).
+    Core NATS, subject ctx.turn.ended.<turnId>, no reply, not stored: published by the runner once the turn's terminal event is stored, so an edge waiting for the turn (the gateway's responses) reads it at once instead of polling. The terminal event in turn:<turnId> is the record; the notice wakes the waiter (a lost one costs it its backstop read) and, for a completed gateway turn, carries the response's summary.
     """
 
     model_config = ConfigDict(
@@ -19,3 +32,9 @@ class TurnEndedNotice(ContractModel):
     )
     turnId: Annotated[str, Field(min_length=1)]
     type: Literal["TurnCompleted", "TurnFailed"]
+    result: Annotated[
+        Result | None,
+        Field(
+            description="a completed gateway turn: what its response needs (text, toolCalls, stopReason, usage, servedTokens, modelMs), so the waiter need not read the events; absent when large or not a gateway turn (the waiter reads the turn's events)"
+        ),
+    ] = None
