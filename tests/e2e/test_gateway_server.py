@@ -358,3 +358,26 @@ async def test_tool_choice_and_options_reach_either_upstream(gw, fake_openai, fa
         assert sent["tool_choice"] == {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
         assert sent["temperature"] == 0.2 and sent["stop_sequences"] == ["END"] and sent["max_tokens"] == 77
         assert "stop" not in sent and "logprobs" not in sent
+
+
+async def test_a_client_that_leaves_a_stream_aborts_its_turn(gw, fake_openai):
+    """The client closes a streamed response while the model still thinks: the turn is aborted (its one terminal
+    event), so the conversation is not held by a turn nobody waits for."""
+    hold = threading.Event()
+    fake_openai.hold_next = hold
+    fake_openai.reply_next = {"role": "assistant", "content": "too late"}
+    try:
+        async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+            async with http.stream("POST", "/v1/chat/completions",
+                                   json=chat(user("leave: I will not wait"), stream=True)) as r:
+                cid, tid = r.headers["x-ctx-conversation-id"], r.headers["x-ctx-turn-id"]
+                async for _ in r.aiter_bytes():
+                    break  # the role chunk came: the stream is open; the client goes away
+            for _ in range(300):
+                log = await turn_log(http, cid, tid)
+                if log["status"] in ("completed", "failed"):
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        hold.set()
+    assert log["status"] == "failed" and log["error"]["code"] == "aborted", log.get("error")
