@@ -229,6 +229,7 @@ async def test_a_step_mixing_client_and_server_calls(gw, fake_openai):
 async def test_openai_stream(gw, fake_openai):
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
         fake_openai.reply_next = {"role": "assistant", "content": "Streaming through the gateway works."}
+        fake_openai.delay_next_s = 2.5  # a model slow to start: the stream keeps alive meanwhile
         async with http.stream("POST", "/v1/chat/completions", json=chat(
                 user("stream please"), stream=True, stream_options={"include_usage": True})) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -243,6 +244,7 @@ async def test_openai_stream(gw, fake_openai):
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
     assert ": x-ctx-served-tokens=" in raw and "x-ctx-overhead-ms=" in raw
+    assert raw.index(": ping\n") < raw.index("Streaming")  # a keep-alive comment while the model was silent
 
 
 async def test_anthropic_messages_with_client_tools_streamed_and_not(gw, fake_anthropic):

@@ -324,8 +324,9 @@ class Gateway:
     # ---------- the response
     async def wait_end(self, started: Started, on_delta: Callable[[dict[str, Any]], None] | None = None
                        ) -> AsyncIterator[dict[str, Any]]:
-        """The turn's live deltas until it ends (yielded as they come); a lost end notice is caught by reading
-        the turn's tail after BACKSTOP_S of silence."""
+        """The turn's live deltas until it ends (yielded as they come); after BACKSTOP_S of silence the turn's
+        tail is read (a lost end notice) and, while it runs, ``{"ping": True}`` yielded (a stream's keep-alive
+        while a long model call or a server-side tool runs)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.wait_s
         while True:
@@ -338,6 +339,7 @@ class Gateway:
                 if loop.time() > deadline:
                     raise ServiceError(f"turn {started.turn_id} did not end within {self.config.wait_s:.0f} s",
                                        code="timeout", retryable=True) from None
+                yield {"ping": True}
                 continue
             if kind == "ended":
                 started.notice = item

@@ -33,6 +33,7 @@ from ..domain.gateway import (
     openai_error_type,
     parse_anthropic,
     parse_openai,
+    sse_comment,
 )
 from ..domain.keys import Principal
 from .common import body_limited_route
@@ -186,6 +187,10 @@ async def stream(gateway: Gateway, who: Principal, started: Started) -> AsyncIte
             yield chunk
         step, said = None, False
         async for d in gateway.wait_end(started):
+            if d.get("ping"):
+                for chunk in enc.ping():
+                    yield chunk
+                continue
             if d["step"] != step:
                 step = d["step"]
                 if said and d["text"]:
@@ -198,8 +203,8 @@ async def stream(gateway: Gateway, who: Principal, started: Started) -> AsyncIte
         finished: Finished = await gateway.finish(started)
         ended = True
         h = gateway.headers(started, finished)
-        yield (f": x-ctx-served-tokens={h['X-Ctx-Served-Tokens']} "
-               f"x-ctx-overhead-ms={h['X-Ctx-Overhead-Ms']}\n\n").encode()
+        yield sse_comment(f"x-ctx-served-tokens={h['X-Ctx-Served-Tokens']} "
+                          f"x-ctx-overhead-ms={h['X-Ctx-Overhead-Ms']}")
         if finished.result is None:
             err = finished.error or {}
             etype = (anthropic_error_type if req.dialect == "anthropic" else openai_error_type)(err["status"])
