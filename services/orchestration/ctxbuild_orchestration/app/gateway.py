@@ -227,7 +227,7 @@ class Gateway:
         parent = anchor
         for m in new:
             mid = new_id("msg")
-            stored.append({"id": mid, "parentId": parent, "role": m["role"], "parts": m["parts"]})
+            stored.append({"id": mid, "parentId": parent, "role": m["role"], "parts": storable_parts(m["parts"])})
             parent = mid
         task_id = parent  # the turn answers the last message (a retry of a stored request: its last message)
         if task_id is None:
@@ -396,6 +396,14 @@ class Gateway:
         task = asyncio.create_task(run(), name=f"gateway-abort:{started.turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+def storable_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A client's parts as a stored message holds them: a tool call's arguments that were not a JSON object (an
+    OpenAI client may send any string) are kept whole as ``{"arguments": <the text>}`` — the message's identity
+    is the chain of what the client sent, so the next resend still matches."""
+    return [{**p, "input": {"arguments": p["input"]}} if p.get("type") == "tool-call"
+            and not isinstance(p.get("input"), dict) else p for p in parts]
 
 
 # sampling options each upstream takes (the rest of a client's fields are not sent: they would be refused, or

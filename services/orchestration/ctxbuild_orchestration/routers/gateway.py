@@ -57,8 +57,9 @@ def error_body(dialect: str, status: int, message: str, type_: str | None = None
 
 
 def error_status(exc: ServiceError) -> int:
-    if isinstance(exc, RemoteError):
-        return {"not-found": 404, "version-conflict": 409}.get(exc.code, 503 if exc.retryable else 502)
+    if isinstance(exc, RemoteError):  # invalid-payload: what the client sent cannot be stored (400)
+        return {"not-found": 404, "version-conflict": 409, "invalid-payload": 400}.get(
+            exc.code, 503 if exc.retryable else 502)
     return STATUS.get(exc.code, 503 if exc.retryable else 500)
 
 
