@@ -196,14 +196,24 @@ def map_error(model: str, exc: Exception) -> ProviderError:
     return ProviderError(f"{model}: {type(exc).__name__}: {exc}")
 
 
+def anthropic_client(*, api_key: str | None, base_url: str | None = None, timeout_s: float = 120.0,
+                     max_retries: int = 2) -> anthropic.AsyncAnthropic:
+    """An SDK client for an Anthropic Messages endpoint; built once per process and endpoint (an SSL context and
+    a connection pool), shared by the providers of every turn."""
+    return anthropic.AsyncAnthropic(api_key=api_key or "EMPTY", base_url=base_url, timeout=timeout_s,
+                                    max_retries=max_retries)
+
+
 class AnthropicMessagesProvider:
     name = "anthropic"
 
     def __init__(self, model: str, *, api_key: str | None, base_url: str | None = None,
-                 max_tokens: int = 4096, timeout_s: float = 120.0, max_retries: int = 2, stream: bool = True) -> None:
-        # the SDK retries 408/409/429/5xx and connection errors itself (max_retries) before a stream begins
-        self.client = anthropic.AsyncAnthropic(api_key=api_key or "EMPTY", base_url=base_url, timeout=timeout_s,
-                                               max_retries=max_retries)
+                 max_tokens: int = 4096, timeout_s: float = 120.0, max_retries: int = 2, stream: bool = True,
+                 client: anthropic.AsyncAnthropic | None = None) -> None:
+        # the SDK retries 408/409/429/5xx and connection errors itself (max_retries) before a stream begins;
+        # ``client``: a shared one (see ``anthropic_client``)
+        self.client = client or anthropic_client(api_key=api_key, base_url=base_url, timeout_s=timeout_s,
+                                                 max_retries=max_retries)
         self.model = model
         self.max_tokens = max_tokens
         self.stream = stream
