@@ -354,8 +354,8 @@ async def test_openai_sdk(all_services, fake_openai, use_async, stream):
     assert len(ids) == 1 and None not in ids, ids  # one conversation, found by its message prefix
 
 
-@pytest.mark.parametrize(("use_async", "stream"), [(False, False), (False, True), (True, True)],
-                         ids=["sync", "sync-stream", "async-stream"])
+@pytest.mark.parametrize(("use_async", "stream"), [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["sync", "sync-stream", "async", "async-stream"])
 async def test_anthropic_sdk(all_services, fake_openai, use_async, stream):
     out = await converse(AnthropicChat(all_services, use_async=use_async, stream=stream), fake_openai)
     check(out)
