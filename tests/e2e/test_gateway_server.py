@@ -383,3 +383,34 @@ async def test_a_client_that_leaves_a_stream_aborts_its_turn(gw, fake_openai):
     finally:
         hold.set()
     assert log["status"] == "failed" and log["error"]["code"] == "aborted", log.get("error")
+
+
+async def test_a_turn_started_elsewhere_still_holds_the_conversation(gw, fake_openai):
+    """The gateway remembers the admission of the last turn it saw end and admits the next request right after
+    it without reading; a turn started meanwhile through the API (here: still running) makes that append
+    conflict, and the request is refused as busy (409) as it would be on any replica."""
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": "first"}
+        history = [user("elsewhere: hello")]
+        r = await http.post("/v1/chat/completions", json=chat(*history))
+        cid = r.headers["x-ctx-conversation-id"]
+        hold = threading.Event()
+        fake_openai.hold_next = hold
+        fake_openai.reply_next = {"role": "assistant", "content": "from the API"}
+        try:
+            api_turn = await http.post(f"/v1/conversations/{cid}/turns", json={
+                "text": "through the API", "provider": {"kind": "openai", "model": MODEL}})
+            assert api_turn.status_code == 202, api_turn.text
+            busy = await http.post("/v1/chat/completions", json=chat(
+                *history, {"role": "assistant", "content": "first"}, user("and now?")))
+        finally:
+            hold.set()
+        assert busy.status_code == 409 and busy.json()["error"]["code"] == "conversation_busy"
+        for _ in range(300):
+            if (await turn_log(http, cid, api_turn.json()["turnId"]))["status"] == "completed":
+                break
+            await asyncio.sleep(0.1)
+        fake_openai.reply_next = {"role": "assistant", "content": "now free"}
+        again = await http.post("/v1/chat/completions", json=chat(
+            *history, {"role": "assistant", "content": "first"}, user("and now?")))
+    assert again.status_code == 200 and again.headers["x-ctx-conversation-id"] == cid

@@ -269,35 +269,47 @@ class Edge:
         return latest["type"] not in TERMINAL
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
-                    regenerate_of: str | None = None, fresh: bool = False) -> None:
+                    regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
         """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
         ended, and the new admission is appended with the admissions stream's expected version — of concurrent
         requests exactly one is admitted, the others get 409. ``fresh``: a conversation this request has just
-        created has no admission yet (nothing to read; expected version 0 still guards it)."""
+        created has no admission yet (nothing to read; expected version 0 still guards it). ``ended_at``: the
+        version of an admission whose turn the caller saw end — appended after it without reading; anything
+        admitted since makes that append conflict, and the stream is then read as usual. Returns the version of
+        the new admission."""
         stream = ADMISSIONS_PREFIX + conversation_id
-        version, previous = (0, None) if fresh else await self.stream_tail(stream)
-        if previous is not None and await self.still_running(previous):
-            raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         data = {"turnId": turn_id, "userMessageId": user_message_id}
         if regenerate_of:
             data["regenerateOf"] = regenerate_of
+        if ended_at is not None:
+            try:
+                await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=ended_at)
+                return ended_at + 1
+            except RemoteError as exc:
+                if exc.code != "version-conflict":
+                    raise
+        version, previous = (0, None) if fresh else await self.stream_tail(stream)
+        if previous is not None and await self.still_running(previous):
+            raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         try:
             await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=version)
         except RemoteError as exc:
             if exc.code == "version-conflict":  # another request was admitted between our read and our append
                 raise turn_in_progress(conversation_id, None) from exc
             raise
+        return version + 1
 
     async def admit_for(self, who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
-                        regenerate_of: str | None = None, fresh: bool = False) -> None:
-        """The caller's running-turn limit (429), then the conversation's one running turn (409)."""
+                        regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
+        """The caller's running-turn limit (429), then the conversation's one running turn (409); the new
+        admission's version."""
         async def running(t: str) -> bool:
             _, latest = await self.stream_tail(f"turn:{t}")
             return latest is None or latest["type"] not in TERMINAL
 
         await self.auth.admit_turn(who, turn_id, running)
         try:
-            await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh)
+            return await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh, ended_at)
         except BaseException:
             self.auth.turn_not_started(who, turn_id)
             raise

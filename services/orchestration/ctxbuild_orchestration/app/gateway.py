@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ from .edge import Edge, bad_text_at, safe_text
 from .runner import new_id
 
 log = structlog.get_logger("gateway")
+ENDED_KEPT = 10_000  # conversations whose last turn's end this replica remembers (admission without reads)
 BACKSTOP_S = 2.0  # a lost end notice (core NATS) costs at most this long: then the turn's stream is read
 
 
@@ -93,6 +95,7 @@ class Started:
     records: asyncio.Task | None = None  # the new messages' prefix records (durable before the response ends)
     created: bool = False
     who: Principal | None = None
+    admission: int = 0  # the version of the turn's admission (conversation-turns:<id>)
     notice: dict[str, Any] | None = None  # the end notice (TurnEndedNotice): a completed turn's summary in it
 
 
@@ -118,6 +121,9 @@ class Gateway:
         self.edge, self.config, self.check_provider = edge, config, check_provider
         self.backends = edge.backends
         self.tasks: set[asyncio.Task] = set()
+        # conversation → the admission version of its last turn this replica saw end: the next request's admission
+        # is appended right after it, without reading (a conflict reads the stream as usual)
+        self.ended: OrderedDict[str, int] = OrderedDict()
 
     # ---------- the model table
     def model(self, name: str, dialect: str) -> ModelEntry:
@@ -248,8 +254,10 @@ class Gateway:
                 for outcome in outcomes:
                     if isinstance(outcome, BaseException):
                         raise outcome
+                started.admission = outcomes[0]
             else:  # admitted first: a busy conversation (409) stores nothing
-                await self.edge.admit_for(who, conversation_id, turn_id, task_id)
+                started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
+                                                              ended_at=self.ended.pop(conversation_id, None))
                 admitted = True
                 if stored:
                     await self.store_input(conversation_id, turn_id, stored, cs)
@@ -351,6 +359,7 @@ class Gateway:
         await started.watch.close()
         if started.who is not None:  # ended: no longer counts against the key's running turns
             self.edge.auth.turn_not_started(started.who, started.turn_id)
+        self.turn_ended(started)
         if started.records is not None:
             await started.records
         summary = (started.notice or {}).get("result")
@@ -376,6 +385,13 @@ class Gateway:
             await self._record(chain_hash(started.chain, result_message(result)), started.conversation_id, ids[-1],
                                len(started.request.messages) + 1)
         return Finished(result, None, served_tokens, upstream_ms)
+
+    def turn_ended(self, started: Started) -> None:
+        if started.admission:
+            self.ended[started.conversation_id] = started.admission
+            self.ended.move_to_end(started.conversation_id)
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
 
     def headers(self, started: Started, finished: Finished | None = None) -> dict[str, str]:
         h = {"X-Ctx-Conversation-Id": started.conversation_id, "X-Ctx-Turn-Id": started.turn_id}
