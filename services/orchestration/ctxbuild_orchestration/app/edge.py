@@ -241,8 +241,10 @@ class Edge:
 
     async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
                       settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
-                      extra: dict[str, Any] | None = None) -> None:
-        """``extra``: more TurnQueued fields (the gateway's client tools, system prompt, options)."""
+                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None) -> None:
+        """``extra``: more TurnQueued fields (the gateway's client tools, system prompt, options). ``alongside``:
+        work the runner needs done before the command is submitted, not before it is recorded (the gateway's new
+        messages): run beside the TurnQueued append; a failure of either submits nothing."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn continues this request's trace on whichever replica runs it
         cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
@@ -251,7 +253,13 @@ class Edge:
             cmd["maxSteps"] = max_steps
         if regenerate_of:
             cmd["regenerateOf"] = regenerate_of
-        await self.backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        recorded = self.backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        if alongside is None:
+            await recorded
+        else:
+            for outcome in await asyncio.gather(recorded, alongside, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         try:
             await self.queue.submit(turn_id, conversation_id)
         except Exception as exc:

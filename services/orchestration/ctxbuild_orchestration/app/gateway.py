@@ -245,31 +245,36 @@ class Gateway:
         await watch.subscribe(self.backends.rpc.broker.connection, turn_id)
         started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created, who=who)
         admitted = False
+
+        async def store() -> None:
+            await self.store_input(conversation_id, turn_id, stored, cs, creation)
+            # recorded beside the turn; awaited before the response ends
+            started.records = asyncio.create_task(self._record_all(
+                [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
+
+        async def admit_fresh() -> None:
+            nonlocal admitted
+            started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=True)
+            admitted = True
+
+        provider = {"kind": model.dialect, "model": model.upstream_model}
+        fields = self.command_fields(req, model.dialect, hashes[-1])
         try:
-            if created:  # nobody else knows the conversation yet: created, stored and admitted at once
-                outcomes = await asyncio.gather(
-                    self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=True),
-                    self.store_input(conversation_id, turn_id, stored, cs, creation), return_exceptions=True)
-                admitted = not isinstance(outcomes[0], BaseException)
-                for outcome in outcomes:
-                    if isinstance(outcome, BaseException):
-                        raise outcome
-                started.admission = outcomes[0]
+            if created:
+                # nobody else knows the conversation yet: created, stored, admitted and its command recorded at
+                # once; the command is submitted once all of them are stored
+                together = asyncio.gather(admit_fresh(), store())
+                await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
+                                        extra=fields, alongside=together)
             else:  # admitted first: a busy conversation (409) stores nothing
                 started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
                                                               ended_at=self.ended.pop(conversation_id, None))
                 admitted = True
-                if stored:
-                    await self.store_input(conversation_id, turn_id, stored, cs)
-            if stored:  # recorded beside the turn; awaited before the response ends
-                started.records = asyncio.create_task(self._record_all(
-                    [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
-            provider = {"kind": model.dialect, "model": model.upstream_model}
-            await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
-                                    extra=self.command_fields(req, model.dialect, hashes[-1]))
+                await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
+                                        extra=fields, alongside=store() if stored else None)
         except BaseException as exc:
             await watch.close()
-            if admitted:
+            if admitted or created:  # a recorded command must end (one terminal event), run or not
                 await asyncio.shield(self.edge.abandon(turn_id, exc))
             raise
         return started
