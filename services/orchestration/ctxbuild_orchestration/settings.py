@@ -98,6 +98,9 @@ class Settings(ServiceSettings, WebToolSettings):
     gateway_summarizer: str | None = Field(None, description="the summarizer of gateway conversations "
                                            "(extractive | masking | llm; unset: the compaction service's default)")
     gateway_web_tools: bool = Field(False, description="offer web_fetch/web_search upstream on gateway requests")
+    gateway_mcp_mode: Literal["manual", "auto", "disabled"] = Field(
+        "manual", description="MCP tools on gateway requests: auto = every registered MCP server's tools (through "
+        "the meta-tools when deferred), run server-side; manual/disabled = none")
     gateway_max_steps: int = Field(20, ge=1, description="model calls one gateway request may take server-side")
     gateway_wait_s: float = Field(600.0, gt=0, description="the longest a gateway request waits for its turn")
 

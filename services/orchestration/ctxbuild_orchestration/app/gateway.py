@@ -71,6 +71,7 @@ class GatewayConfig:
     default_context_window: int = 128_000
     summarizer: str | None = None
     web_tools: bool = False
+    mcp_mode: str = "manual"
     max_steps: int = 20
     wait_s: float = 600.0
 
@@ -79,7 +80,7 @@ class GatewayConfig:
         models = {name: ModelEntry(name, m.dialect, m.contextWindow, m.upstreamModel or name, m.summarizer,
                                    m.ownedBy) for name, m in s.gateway_models.items()}
         return cls(models, s.gateway_passthrough, s.gateway_default_context_window, s.gateway_summarizer,
-                   s.gateway_web_tools, s.gateway_max_steps, s.gateway_wait_s)
+                   s.gateway_web_tools, s.gateway_mcp_mode, s.gateway_max_steps, s.gateway_wait_s)
 
 
 @dataclass
@@ -198,6 +199,7 @@ class Gateway:
         cs = dict(stored or {})
         cs["contextWindow"] = model.context_window
         cs.setdefault("webTools", self.config.web_tools)
+        cs.setdefault("mcpMode", self.config.mcp_mode)
         summarizer = model.summarizer or self.config.summarizer
         if summarizer and "summarizer" not in cs:
             cs["summarizer"] = summarizer
