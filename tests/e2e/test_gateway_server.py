@@ -304,6 +304,9 @@ async def test_models_and_errors_in_each_dialect(gw, fake_openai):
         stranger = await http.post("/v1/chat/completions", json=chat(user("hi")),
                                    headers={**AUTH, "X-Ctx-Conversation-Id": "conv_doesnotexist"})
         assert stranger.status_code == 404 and "error" in stranger.json()
+        odd = await http.post("/v1/chat/completions", json=chat(user("hi"), metadata={"conversation_id": "a b/../c"}),
+                              headers=AUTH)
+        assert odd.status_code == 400 and odd.json()["error"]["param"] == "metadata.conversation_id"
 
         fake_openai.fail_next = 400  # the upstream refuses: a gateway error (502) in the client's dialect
         failed = await http.post("/v1/chat/completions", json=chat(user("upstream refuses")), headers=AUTH)

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -50,6 +51,7 @@ from .edge import Edge, bad_text_at, safe_text
 from .runner import new_id
 
 log = structlog.get_logger("gateway")
+CONVERSATION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # the API's path id pattern (routers/common.py)
 ENDED_KEPT = 10_000  # conversations whose last turn's end this replica remembers (admission without reads)
 BACKSTOP_S = 2.0  # a lost end notice (core NATS) costs at most this long: then the turn's stream is read
 
@@ -214,6 +216,9 @@ class Gateway:
             raise DialectError(400, "invalid_request_error", f"{found}, which is not accepted", "messages")
         hashes = prefix_hashes(who.tenant, req)
         explicit = req.conversation_id
+        if explicit is not None and (len(explicit) > 128 or not CONVERSATION_ID.fullmatch(explicit)):
+            raise DialectError(400, "invalid_request_error", "the conversation id is not one this server hands out "
+                               "(conv_…)", "metadata.conversation_id")
         stored_settings = None
         lookup = self.longest_prefix(hashes, req.messages, explicit)
         if explicit:  # the caller's tenant only: another tenant's conversation reads as a missing one (404)
