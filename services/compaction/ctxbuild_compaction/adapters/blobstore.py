@@ -33,6 +33,7 @@ from ..domain.transcript import MEDIA_TYPE, needs_full, render_transcript
 
 log = structlog.get_logger("compaction.blobstore")
 CHECKPOINT_ROLE = "provisional"
+MAX_MEMBERS = 10_000  # ctx.blob.put `members` maxItems (a larger list would lose the transcript)
 
 
 class Blobs(content_ref.BlobPort, Protocol):
@@ -146,8 +147,9 @@ class BlobStore:
             text = render_transcript(await self.full_rows(rows, conversation_id))
             # the folded rows' own outputs stay readable while this transcript is retained (SPEC §15.2: a fold
             # revokes nothing; the summary may quote their links) — server-side membership, not a longer trailer
+            members = archived_uris(rows)[-MAX_MEMBERS:]
             reply = await self.blobs.put(text.encode("utf-8", "replace"), conversation_id, owner,
-                                         "tool_output", media_type=MEDIA_TYPE, members=archived_uris(rows))
+                                         "tool_output", media_type=MEDIA_TYPE, members=members)
             return str(reply["uri"])
         except Exception as exc:  # noqa: BLE001 - the fold is served without its transcript link
             log.warning("transcript-not-archived", conversation_id=conversation_id,
