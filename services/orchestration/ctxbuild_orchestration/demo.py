@@ -223,6 +223,8 @@ def main(url: Annotated[str | None, typer.Option(help="orchestration base URL")]
     key_from = "your API key" if api_key else f"the API key in {stack_dir / 'api-key'}"
     console.print(f"Context inspector (what the model saw, step by step): "
                   f"[bold]{inspector_url(base, summary['conversationId'])}[/bold] — log in with {key_from}")
+    console.print(f"Drop-in gateway (README, \"Drop-in gateway\"): OpenAI SDKs at [bold]{base.rstrip('/')}/v1[/bold], "
+                  f"Anthropic SDKs at [bold]{base.rstrip('/')}[/bold], with {key_from} as the API key")
     if json_out:
         json_out.write_text(json.dumps(summary, indent=2))
 
