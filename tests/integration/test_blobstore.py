@@ -35,7 +35,8 @@ def test_readiness_reports_ready(blobstore):
 
 async def test_migrations_are_tracked_in_the_service_schema(blobstore, pg):
     applied = await pg.fetch("SELECT migration_id FROM blobstore._yoyo_migration ORDER BY migration_id")
-    assert [r["migration_id"] for r in applied] == ["0001_blobstore_initial", "0002_blobstore_index_gc"]
+    assert [r["migration_id"] for r in applied] == ["0001_blobstore_initial", "0002_blobstore_index_gc",
+                                                       "0003_blobstore_members"]
     assert await pg.fetchval("SELECT to_regclass('public._yoyo_migration')") is None  # no clash with others
 
 
