@@ -444,6 +444,10 @@ class Edge:
         try:
             while not await disconnected():
                 page = await self.backends.read_stream(f"turn:{turn_id}", nxt)
+                # deltas that arrived while the page was read go first: a step's text is published before its
+                # StepServed is appended, so the client sees the text live, then the record
+                while page["events"] and not feed.live.empty():
+                    yield {"event": "TextDelta", "data": feed.live.get_nowait().decode()}
                 for ev in page["events"]:
                     nxt = ev["version"] + 1
                     ev = await content.present_event(self.backends.blobs, ev, conversation_id)
