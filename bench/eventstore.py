@@ -46,7 +46,6 @@ from pathlib import Path
 
 import asyncpg
 import nats
-import psutil
 from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_devstack.replica import Replica
 from ctxbuild_persistence.adapters.db import Database
@@ -54,6 +53,7 @@ from ctxbuild_persistence.adapters.event_store import EventStore
 from ctxbuild_persistence.domain.append import NewEvent
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
+from proc_cpu import CpuGroup  # a sibling module (run from bench/)
 
 EVENT_BYTES = 1024
 LEVELS = (1, 8, 32)
@@ -119,27 +119,6 @@ class Lag:
         if missing:
             raise RuntimeError(f"{len(missing)} events never reached ctx.evt.>")
         return [(self.seen[i] - self.acked[i]) * 1000 for i in ids]
-
-
-class Cpu:
-    """CPU seconds (user + system) of a set of processes and their children, for a before/after delta. Backends
-    that exit in between are counted through their parent's reaped-children times."""
-
-    def __init__(self, pids: list[int]) -> None:
-        self.procs = [psutil.Process(p) for p in pids]
-
-    def seconds(self) -> float:
-        total = 0.0
-        for p in self.procs:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-            for c in p.children(recursive=True):
-                try:
-                    ct = c.cpu_times()
-                    total += ct.user + ct.system
-                except psutil.NoSuchProcess:
-                    pass
-        return total
 
 
 # -------------------------------------------------------------------------------------- the bare NATS responder
@@ -293,9 +272,9 @@ class Bench:
         await asyncio.gather(*(inserter() for _ in range(conns)))
         return time.perf_counter() - t0
 
-    async def throughput(self, events: dict[int, int], service_pids: list[int], pg: Cpu,
+    async def throughput(self, events: dict[int, int], service_pids: list[int], pg: CpuGroup,
                          keep_ids: dict[int, list[str]] | None = None) -> dict:
-        svc_cpu = Cpu(service_pids)
+        svc_cpu = CpuGroup(service_pids)
         out = {}
         for streams in LEVELS:
             per = max(1, events[streams] // streams)
@@ -348,7 +327,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
     b = Bench(stack)
     await b.open()
     responder = start_floor_responder(stack)
-    pg = Cpu([stack.procs["postgres"]["pid"]])
+    pg = CpuGroup([stack.procs["postgres"]["pid"]])
     events = {1: args.events_1, 8: args.events_8, 32: args.events_32}
     result: dict = {"benchmark": "eventstore", "event_bytes": EVENT_BYTES}
     try:
