@@ -1,11 +1,16 @@
 """The event store on Postgres (schema ``persistence``): append with optimistic concurrency and idempotency,
-outbox rows in the same transaction, reads by stream and by global position.
+outbox rows in the same transaction, reads by stream and by the global log.
 
-Global order: every append takes one transaction-level advisory lock (``pg_advisory_xact_lock``) before it
-reads the stream version and inserts. Appends are therefore serialized, positions are assigned in commit
-order and a reader paging by position never sees position n+1 before n. Simple and correct; the cost is one
-appender at a time across all streams (fine at this scale — a per-stream lock plus a commit-ordered
-projection/“stable position” watermark is the upgrade path if append throughput ever matters).
+No global append lock. ``position`` (a sequence) identifies an event; the global log is ordered by
+``(tx, position)``, ``tx`` being the id of the transaction that wrote the row (xid8, migration 0005). A log reader
+only takes rows whose ``tx`` is below :data:`VISIBLE_BELOW` — the oldest transaction still running in its snapshot
+— so every transaction that could still add a row before the reader's cursor has ended: a cursor never skips a
+late commit. The price: a long-running transaction anywhere in the database holds log readers back until it
+ends (appends go on). Positions are unique, not gap-free and not increasing along the log.
+
+An append is one statement in most cases (stream version check + events + outbox rows, autocommitted); a unique
+violation (a concurrent writer, a retried id) or a version mismatch falls back to a read-then-insert
+transaction that gives the exact answer (duplicates, ``version-conflict``, ``event-id-conflict``).
 """
 
 from __future__ import annotations
@@ -18,13 +23,27 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from ctxbuild_platform.errors import Conflict
+from ctxbuild_platform.errors import Conflict, InvalidPayload
 from ctxbuild_platform.postgres import postgres_errors
 
 from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
 from .db import Database
 
-APPEND_LOCK = 0x6374785F61707064  # 'ctx_appd'
+# the commit-order horizon of the statement's snapshot: the oldest transaction still running (the caller's own
+# excluded: a reader's own transaction never writes events), or the snapshot's xmax when none is
+VISIBLE_BELOW = ("(SELECT coalesce((SELECT min(x) FROM pg_snapshot_xip(s) AS x), pg_snapshot_xmax(s)) "
+                 "FROM pg_current_snapshot() AS s)")
+
+
+def cursor_tx(param: str) -> str:
+    """The transaction id of the event at position ``param`` — a log cursor is (tx, position) of the last event
+    read; position 0 is the start. NULL when no event has that position."""
+    return (f"(SELECT CASE WHEN {param}::bigint = 0 THEN '0'::xid8 "
+            f"ELSE (SELECT tx FROM persistence.events WHERE position = {param}::bigint) END)")
+
+
+FAST_PATH_VERSIONS = 2**31 - 1  # expected versions the one-statement path can bind (integer column)
+SLOW_PATH_ATTEMPTS = 5
 
 
 def dumps(value: Any) -> str:
@@ -45,7 +64,7 @@ async def db_errors() -> AsyncIterator[None]:
         async with postgres_errors("postgres"):
             yield
     except asyncpg.UniqueViolationError as exc:
-        # the lock makes this unreachable for well-behaved writers; a backstop, never a silent overwrite
+        # a concurrent writer won every retry of the append (see EventStore.append); never a silent overwrite
         raise Conflict(f"concurrent append: {exc.constraint_name or exc}", retryable=True) from exc
 
 
@@ -86,16 +105,36 @@ _PAGE_STREAM = (
     "    SELECT position, version, size_bytes, row_number() OVER (ORDER BY version) AS n "
     "    FROM persistence.events WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3) c"
     ") w JOIN persistence.events e USING (position) WHERE w.n = 1 OR w.upto <= $4 ORDER BY e.version")
+# The log after a cursor, in (tx, position) order, below the visibility horizon; one row even for an empty page
+# (``known``: the cursor names an event).
 _PAGE_ALL = (
-    "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
-    "e.metadata::text AS metadata, e.recorded_at, w.more FROM ("
-    "  SELECT position, n, upto, "
-    "         (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) AS more FROM ("
-    "    SELECT position, n, sum(size_bytes) OVER (ORDER BY position) AS upto FROM ("
-    "      SELECT position, size_bytes, row_number() OVER (ORDER BY position) AS n "
-    "      FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2 + 1) c) s"
-    ") w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2 "
-    "ORDER BY e.position")
+    "WITH c AS (SELECT " + cursor_tx("$1") + " AS tx, " + VISIBLE_BELOW + " AS below) "
+    "SELECT c.tx IS NOT NULL AS known, p.* FROM c LEFT JOIN LATERAL ("
+    "  SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "         e.metadata::text AS metadata, e.recorded_at, w.more, w.n FROM ("
+    "    SELECT position, n, upto, "
+    "           (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) AS more "
+    "    FROM (SELECT position, n, sum(size_bytes) OVER (ORDER BY n) AS upto FROM ("
+    "      SELECT position, size_bytes, row_number() OVER (ORDER BY tx, position) AS n "
+    "      FROM persistence.events WHERE (tx, position) > (c.tx, $1) AND tx < c.below "
+    "      ORDER BY tx, position LIMIT $2 + 1) r) s"
+    "  ) w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2"
+    ") p ON true ORDER BY p.n")
+
+# The one-statement append: the stream's version, then — only when it is the expected one — the events (versions
+# in request order) and their outbox rows. A row per inserted event, or one row with a NULL position when the
+# version did not match.
+_FAST_APPEND = (
+    "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM persistence.events WHERE stream_id = $1), "
+    "ins AS ("
+    "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
+    "  SELECT $1, cur.v + x.ord, x.id, x.t, x.d::json, x.m::json "
+    "  FROM cur, unnest($2::uuid[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS x(id, t, d, m, ord) "
+    "  WHERE $6::integer IS NULL OR cur.v = $6 "
+    "  ORDER BY x.ord "
+    "  RETURNING position, version), "
+    "ob AS (INSERT INTO persistence.outbox (position) SELECT position FROM ins) "
+    "SELECT cur.v AS current, ins.position, ins.version FROM cur LEFT JOIN ins ON true ORDER BY ins.version")
 
 
 class EventStore:
@@ -103,28 +142,43 @@ class EventStore:
         self.db = db
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
-        """Four round trips: BEGIN + lock, one read (stream version + stored ids), one write (events + outbox
-        rows in one statement), COMMIT."""
+        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`). One round trip when the request is
+        new and the version matches; otherwise the exact answer from :meth:`_append_checked`."""
+        if expected_version is None or 0 <= expected_version <= FAST_PATH_VERSIONS:
+            async with db_errors(), self.db.pool.acquire() as conn:
+                try:
+                    rows = await conn.fetch(
+                        _FAST_APPEND, stream_id, [uuid.UUID(e.event_id) for e in events], [e.type for e in events],
+                        [dumps(e.data) for e in events], [dumps(e.metadata) for e in events], expected_version)
+                except asyncpg.UniqueViolationError:
+                    rows = []  # an id already stored, or a concurrent append took the version: decide below
+            if rows and rows[0]["position"] is not None:
+                plan = plan_append(stream_id, expected_version, events, rows[0]["current"], {})
+                return plan.result([r["position"] for r in rows])
+        for _ in range(SLOW_PATH_ATTEMPTS):
+            result = await self._append_checked(stream_id, expected_version, events)
+            if result is not None:
+                return result
+        raise Conflict(f"concurrent appends to {stream_id!r} kept winning; retry", retryable=True,
+                       details={"streamId": stream_id})
+
+    async def _append_checked(self, stream_id: str, expected_version: int | None,
+                              events: list[NewEvent]) -> dict[str, Any] | None:
+        """Read the stream version and which ids are stored, plan (duplicates, version check), insert — in one
+        transaction. None when a writer raced it (a unique constraint failed: the next read sees that writer's
+        events, so the caller's retry decides again)."""
         ids = [uuid.UUID(e.event_id) for e in events]
         async with db_errors(), self.db.pool.acquire() as conn:
-            # BEGIN and the lock in one simple-protocol round trip; the read below is a new statement, so its
-            # snapshot is taken after the lock is held (READ COMMITTED) and sees every earlier append
-            await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({APPEND_LOCK})")
             try:
-                rows = await conn.fetch(_STATE, stream_id, ids)
-                current = rows[0]["current"]
-                existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
-                            for r in rows if r["event_id"] is not None}
-                plan = plan_append(stream_id, expected_version, events, current, existing)
-                positions = await self._insert(conn, plan)
-                await conn.execute("COMMIT")
-            except BaseException:
-                if not conn.is_closed():
-                    try:
-                        await conn.execute("ROLLBACK")
-                    except Exception:  # noqa: BLE001 - the connection is broken; the pool discards it
-                        conn.terminate()
-                raise
+                async with conn.transaction():
+                    rows = await conn.fetch(_STATE, stream_id, ids)
+                    current = rows[0]["current"]
+                    existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
+                                for r in rows if r["event_id"] is not None}
+                    plan = plan_append(stream_id, expected_version, events, current, existing)
+                    positions = await self._insert(conn, plan)
+            except asyncpg.UniqueViolationError:
+                return None
         return plan.result(positions)
 
     @staticmethod
@@ -165,10 +219,15 @@ class EventStore:
                 "more": nxt <= last}
 
     async def read_all(self, after_position: int, limit: int, max_bytes: int) -> dict[str, Any]:
-        """A page of the log after ``after_position``, cut like :meth:`read_stream`; ``more`` when the page was
-        cut (by the budget or the count) before the head of the log."""
+        """A page of the log after the event at ``after_position`` (0: the start), in commit order, cut like
+        :meth:`read_stream`; ``more`` when the page was cut (by the budget or the count) before the visible head
+        of the log."""
         async with db_errors(), self.db.pool.acquire() as conn:
             rows = await conn.fetch(_PAGE_ALL, after_position, limit, max_bytes)
+        if not rows[0]["known"]:
+            raise InvalidPayload(f"afterPosition {after_position} is not the position of an event",
+                                 details={"afterPosition": after_position})
+        rows = [r for r in rows if r["position"] is not None]
         more = bool(rows) and rows[0]["more"]
         events = [row_to_event(r) for r in rows]
         last = events[-1]["position"] if events else after_position
