@@ -412,14 +412,12 @@ class Replicas:
             await asyncio.to_thread(self.persistence.pop().stop)
 
     def cpu_groups(self) -> dict[str, list[int]]:
-        """Where the cores go, by component (the stack's idle orchestration process counts under 'other')."""
-        procs = {name: info["pid"] for name, info in self.stack.procs.items()}
-        groups = {"runners": [r.proc.pid for r in self.runners], "edge": [self.edge.proc.pid],
-                  "persistence": [procs["persistence"], *(r.proc.pid for r in self.persistence)],
-                  "postgres": [procs["postgres"]], "nats": [procs["nats"]]}
-        taken = {"persistence", "postgres", "nats"}
-        groups["other_services_and_s3"] = [pid for name, pid in procs.items() if name not in taken]
-        return groups
+        """Where the cores go, by component: the runners, the edge, persistence (all replicas), and each other
+        process of the stack by name (its own orchestration process sits idle, off this work queue)."""
+        groups = {name: [info["pid"]] for name, info in self.stack.procs.items()}
+        groups["persistence"] += [r.proc.pid for r in self.persistence]
+        groups["orchestration_idle"] = groups.pop("orchestration")
+        return {"runners": [r.proc.pid for r in self.runners], "edge": [self.edge.proc.pid], **groups}
 
     async def close(self) -> None:
         await self.resize(0, 1)

@@ -21,7 +21,9 @@ like production), then:
    the same queue group, ``ctxbuild_devstack.replica.Replica``). CPU seconds of the persistence process(es) and of
    Postgres (postmaster and its backends) over each service run give events per CPU-second; Postgres
    ``xact_commit`` and WAL bytes per event are read around one 32-stream service run.
-   ``throughput_ratio_32_streams`` = service events/s / raw INSERT events/s at 32 (1 replica).
+   ``throughput_ratio_32_streams`` = service events/s / raw INSERT events/s at 32 (1 replica). Beside it, 32
+   streams with 5 events per append (a step's events, which the runner appends together) vs raw transactions of
+   5 INSERTs each.
 3. Outbox lag: a core-NATS subscription on ctx.evt.> sees each event as the relay publishes it to JetStream;
    lag = seen − the append's acknowledgement at the client (an upper bound of commit → JetStream minus the
    reply's own flight; a sample can be slightly negative when JetStream's copy arrives before the reply).
@@ -57,6 +59,7 @@ from proc_cpu import CpuGroup  # a sibling module (run from bench/)
 
 EVENT_BYTES = 1024
 LEVELS = (1, 8, 32)
+STEP_EVENTS = 5  # events of one agent step (issue #21's projection: ~5 per step), appended together by the runner
 TARGET_APPEND_RATIO_VS_FLOOR = 3.0
 TARGET_THROUGHPUT_RATIO_32 = 0.5
 FLOOR_SUBJECT = "bench.es.floor"
@@ -248,45 +251,60 @@ class Bench:
         }
 
     # ------------------------------------------------------------------------------------------- throughput
-    async def service_run(self, streams: int, per_stream: int, ids: list[str]) -> float:
+    async def service_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1) -> float:
+        """``streams`` appenders, each appending ``per_stream`` events to its own stream in order, ``batch``
+        events per append."""
         async def appender() -> None:
             stream = f"bench:{uuid.uuid4()}"
-            for v in range(per_stream):
-                ids.append(await self.service_append(stream, v, v))
+            for v in range(0, per_stream, batch):
+                evs = [{"eventId": str(uuid.uuid4()), "type": "BenchEvent", "data": payload(v + j)}
+                       for j in range(min(batch, per_stream - v))]
+                await self.rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": v, "events": evs})
+                now = time.perf_counter()
+                for e in evs:
+                    self.lag.acked[e["eventId"]] = now
+                    ids.append(e["eventId"])
 
         t0 = time.perf_counter()
         await asyncio.gather(*(appender() for _ in range(streams)))
         return time.perf_counter() - t0
 
-    async def raw_run(self, conns: int, per_conn: int) -> float:
+    async def raw_run(self, conns: int, per_conn: int, batch: int = 1) -> float:
+        """``conns`` connections, each inserting ``per_conn`` rows: one autocommitted INSERT per row, or
+        ``batch`` rows per transaction (asyncpg executemany: one pipelined, atomic round of INSERTs)."""
         texts = [body(i) for i in range(per_conn)]
 
         async def inserter() -> None:
             stream = f"bench:{uuid.uuid4()}"
             async with self.pool.acquire() as conn:
                 stmt = await conn.prepare(RAW_INSERT)
-                for v in range(per_conn):
-                    await stmt.fetch(stream, v + 1, uuid.uuid4(), texts[v])
+                for v in range(0, per_conn, batch):
+                    if batch == 1:
+                        await stmt.fetch(stream, v + 1, uuid.uuid4(), texts[v])
+                    else:
+                        await stmt.executemany([(stream, v + j + 1, uuid.uuid4(), texts[v + j])
+                                                for j in range(min(batch, per_conn - v))])
 
         t0 = time.perf_counter()
         await asyncio.gather(*(inserter() for _ in range(conns)))
         return time.perf_counter() - t0
 
     async def throughput(self, events: dict[int, int], service_pids: list[int], pg: CpuGroup,
-                         keep_ids: dict[int, list[str]] | None = None) -> dict:
+                         keep_ids: dict[int, list[str]] | None = None, batch: int = 1,
+                         levels: tuple[int, ...] = LEVELS) -> dict:
         svc_cpu = CpuGroup(service_pids)
         out = {}
-        for streams in LEVELS:
-            per = max(1, events[streams] // streams)
+        for streams in levels:
+            per = max(batch, events[streams] // streams // batch * batch)
             svc_s = raw_s = svc_cpu_s = pg_cpu_s = 0.0
             ids: list[str] = []
             for k in range(2):
                 for side in (("service", "raw") if k == 0 else ("raw", "service")):
                     if side == "raw":
-                        raw_s += await self.raw_run(streams, per)
+                        raw_s += await self.raw_run(streams, per, batch)
                         continue
                     c0, p0 = svc_cpu.seconds(), pg.seconds()
-                    svc_s += await self.service_run(streams, per, ids)
+                    svc_s += await self.service_run(streams, per, ids, batch)
                     svc_cpu_s += svc_cpu.seconds() - c0
                     pg_cpu_s += pg.seconds() - p0
             if keep_ids is not None:
@@ -294,7 +312,7 @@ class Bench:
             n = 2 * per * streams
             svc_eps, raw_eps = n / svc_s, n / raw_s
             out[f"streams_{streams}"] = {
-                "streams": streams, "events_per_run": per * streams,
+                "streams": streams, "events_per_append": batch, "events_per_run": per * streams,
                 "service_events_per_s": round(svc_eps, 1), "raw_insert_events_per_s": round(raw_eps, 1),
                 "ratio": round(svc_eps / raw_eps, 3),
                 "service_cpu_s_per_1k_events": round(svc_cpu_s / n * 1000, 4),
@@ -342,6 +360,8 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         main_pid = stack.procs["persistence"]["pid"]
         tp1 = await b.throughput(events, [main_pid], pg, loaded)
         lag_loaded = await b.lag.samples(loaded[8])
+        print("throughput, 1 replica, a step's events per append …", flush=True)
+        tp1_batch = await b.throughput(events, [main_pid], pg, batch=STEP_EVENTS, levels=(32,))
         paced_ids: list[str] = []
         stream = f"bench:{uuid.uuid4()}"
         for v in range(args.n_paced):
@@ -374,11 +394,12 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         "throughput_ratio_32_streams": r32,
         "throughput_ratio_target": TARGET_THROUGHPUT_RATIO_32,
         "throughput_ratio_32_streams_2_replicas": tp2["streams_32"]["ratio"],
+        "throughput_ratio_32_streams_5_per_append": tp1_batch["streams_32"]["ratio"],
         "targets_hold": lat["append_ratio_vs_floor"] <= TARGET_APPEND_RATIO_VS_FLOOR
         and r32 >= TARGET_THROUGHPUT_RATIO_32,
         "append_ratio_vs_raw_insert": lat["append_ratio_vs_raw_insert"],
         "append": lat,
-        "throughput": {"replicas_1": tp1, "replicas_2": tp2},
+        "throughput": {"replicas_1": tp1, "replicas_2": tp2, "replicas_1_5_per_append": tp1_batch},
         "postgres_per_event": commits,
         "outbox_lag_ms": {"paced_5ms": lag_summary(lag_paced), "under_8_stream_load": lag_summary(lag_loaded)},
         "how": {
@@ -391,6 +412,9 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
                                            "each, one event per append, in order) / events/s of 32 asyncpg "
                                            "connections each running autocommitted INSERTs of the same rows; two "
                                            "runs each, order alternating, 1 persistence replica",
+            "throughput_ratio_32_streams_5_per_append": "the same with 5 events per append (a step's events, as the "
+                                                        "runner appends them) beside raw transactions of 5 INSERTs "
+                                                        "each (asyncpg executemany: pipelined, one commit)",
             "floors_exclude": "raw INSERT: no outbox row, no expected-version read, no lock, no idempotency check; "
                               "bare NATS: no FastStream, no validation, no tracing, no database",
             "cpu": "psutil user+system seconds of the persistence process(es) and of Postgres (postmaster, "
