@@ -35,7 +35,7 @@ Per trajectory (definitions also in the JSON):
 Throughput: 16 concurrent turns (copies of the SWE-agent turn, each in its own conversation; ``--batches`` batches
 one after another) through the stack's single orchestration process (``CTX_MAX_CONCURRENT_TURNS`` 16) → turns/s,
 beside the same turn run one at a time; the pipeline overhead under that load is reported there too.
-Replicas: turns/s of ``--scale-concurrency`` (32) concurrent copies of the same turn through an edge and 1 or 2
+Replicas: turns/s of ``--scale-concurrency`` (16) concurrent copies of the same turn through an edge and 1 or 2
 runner replicas (orchestration processes with CTX_ROLE=runner on their own work-queue stream), with 1 or 2
 persistence replicas (a second process in its queue group); the four configurations visited in order and back
 (``--scale-rounds``), one batch per visit, beside CPU seconds per turn by component (runners, edge, persistence,
@@ -712,7 +712,7 @@ def main() -> None:
     ap.add_argument("--sequential", type=int, default=4, help="turns run one at a time, for comparison")
     ap.add_argument("--kills", type=int, default=10, help="mid-turn SIGKILLs of the runner in the kill test")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--scale-concurrency", type=int, default=32,
+    ap.add_argument("--scale-concurrency", type=int, default=16,
                     help="turns submitted at once per batch with 1/2 runner and 1/2 persistence replicas")
     ap.add_argument("--scale-rounds", type=int, default=2, help="visits of each replica configuration")
     ap.add_argument("--phases", nargs="+", default=["replay", "throughput", "scaling", "kill"],
