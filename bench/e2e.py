@@ -424,8 +424,11 @@ class Replicas:
         await asyncio.to_thread(self.edge.stop)
 
 
-async def event_position(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT coalesce(max(position), 0) FROM persistence.events"))
+async def db_marks(db: asyncpg.Connection) -> tuple[int, str]:
+    """The last event position and the WAL insert position (every database of the stack: events, blob metadata)."""
+    row = await db.fetchrow("SELECT (SELECT coalesce(max(position), 0) FROM persistence.events) AS pos, "
+                            "pg_current_wal_insert_lsn()::text AS lsn")
+    return int(row["pos"]), row["lsn"]
 
 
 async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int, rounds: int, progress: Progress,
@@ -436,7 +439,8 @@ async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int,
     reps = Replicas(stack)
     api = await reps.open()
     db = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    per: dict[tuple[int, int], dict[str, Any]] = {c: {"batches": [], "cpu": {}, "events": 0} for c in SCALE_CONFIGS}
+    per: dict[tuple[int, int], dict[str, Any]] = {c: {"batches": [], "cpu": {}, "events": 0, "wal": 0}
+                                                  for c in SCALE_CONFIGS}
     try:
         await reps.resize(1, 1)
         await run_batch(api, traj, 0, 4, window)  # warm-up: the runner's first turns, prepared statements
@@ -445,10 +449,12 @@ async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int,
                 await reps.resize(*cfg)
                 await asyncio.sleep(1)  # a new replica's consumers and pollers settle
                 groups = reps.cpu_groups()
-                c0, e0 = snapshot(groups), await event_position(db)
+                c0, (e0, w0) = snapshot(groups), await db_marks(db)
                 batch = await run_batch(api, traj, 0, concurrency, window)
                 used = delta(c0, snapshot(groups))
-                per[cfg]["events"] += await event_position(db) - e0
+                e1, w1 = await db_marks(db)
+                per[cfg]["events"] += e1 - e0
+                per[cfg]["wal"] += int(await db.fetchval("SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)", w1, w0))
                 per[cfg]["batches"].append(batch)
                 for k, v in used.items():
                     per[cfg]["cpu"][k] = per[cfg]["cpu"].get(k, 0.0) + v
@@ -464,6 +470,7 @@ async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int,
         out[f"runners_{runners}_persistence_{persistence}"] = {
             "runners": runners, "persistence": persistence, **rate,
             "events_per_turn": round(d["events"] / turns, 1), "events_per_s": round(d["events"] / rate["wall_s"], 1),
+            "wal_bytes_per_turn": round(d["wal"] / turns),
             "cpu_s_per_turn": {k: round(v / turns, 4) for k, v in d["cpu"].items()},
             "cpu_s_per_turn_total": round(sum(d["cpu"].values()) / turns, 4),
             "cores_busy": round(sum(d["cpu"].values()) / rate["wall_s"], 2),
