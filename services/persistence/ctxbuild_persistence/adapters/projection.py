@@ -40,7 +40,7 @@ from ..domain.projection import (
     project,
     unprojectable,
 )
-from .db import Database
+from .db import RELAXED, Database
 from .event_store import VISIBLE_BELOW, cursor_tx, db_errors, dumps
 from .worker import WakeableWorker
 
@@ -72,6 +72,10 @@ ORDER BY tx, position"""
 # the projection's position and the log cursor it stands for ((0, 0): nothing applied yet)
 _TRACKING = ("SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM persistence.projection_tracking t "
              "LEFT JOIN persistence.events e ON e.position = t.position WHERE t.name = $1")
+# a projector round's, RELAXED: rows and tracking are lost together in a crash and projected again from the events
+_TRACKING_RELAXED = ("SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM " + RELAXED + ", "
+                     "persistence.projection_tracking t LEFT JOIN persistence.events e ON e.position = t.position "
+                     "WHERE t.name = $1 FOR UPDATE OF t SKIP LOCKED")
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 # a no-op until the process configures a meter provider; the count is also in GET /projection
@@ -240,7 +244,7 @@ class Projector(WakeableWorker):
         """One batch. Returns how many events were read (0 = caught up), None if another replica holds the
         projection (its progress is picked up by the next round)."""
         async with self.db.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(_TRACKING + " FOR UPDATE OF t SKIP LOCKED", PROJECTION)
+            row = await conn.fetchrow(_TRACKING_RELAXED, PROJECTION)
             if row is None:
                 row = await conn.fetchrow(_TRACKING, PROJECTION)
                 await self._advance((row["tx"], row["position"]) if row is not None else (0, 0))
