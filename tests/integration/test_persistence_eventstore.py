@@ -14,7 +14,7 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 
-from tests.support.persistence import append, event, new_id, read_all_until
+from tests.support.persistence import append, event, new_id, read_all_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -160,7 +160,11 @@ async def test_a_late_commit_is_not_skipped_and_holds_readers_back(persistence, 
         await tx.commit()
     finally:
         await slow.close()
-    page = await rpc.call("ctx.persist.read_all", {"afterPosition": start, "limit": 1000})
+    async def caught_up():  # at once, unless another transaction (the relay's, the projector's) is still open
+        page = await rpc.call("ctx.persist.read_all", {"afterPosition": start, "limit": 1000})
+        return page if {late, *after} <= {e["position"] for e in page["events"]} else None
+
+    page = await wait_until(caught_up, timeout=15, what="the late event and the later ones readable")
     got = [e["position"] for e in page["events"]]
     assert got[:1] == [late] and set(after) <= set(got[1:]) and len(got) == len(set(got))
     rest = await rpc.call("ctx.persist.read_all", {"afterPosition": page["nextPosition"], "limit": 1000})
@@ -206,3 +210,41 @@ async def test_the_trace_of_the_caller_is_stored_with_every_event(persistence, s
         assert json.loads(msg.data)["position"] == res["positions"][1]
     finally:
         await broker.stop()
+
+
+async def test_grouped_appends_each_get_their_own_answer(stack):
+    """Appends that arrive together are written in one statement; one of them repeating stored ids or expecting
+    the wrong version must neither fail nor hold up the others, and each gets the answer it would get alone."""
+    from ctxbuild_persistence.adapters.db import Database, migrate
+    from ctxbuild_persistence.adapters.event_store import EventStore
+    from ctxbuild_persistence.domain.append import NewEvent
+
+    url = stack.env["CTX_DATABASE_URL"]
+    await asyncio.to_thread(migrate, url)
+    db = Database(url, min_size=1, max_size=4)
+    await db.connect()
+    try:
+        store = EventStore(db)
+        a, b, c, d = (f"test:{new_id()}" for _ in range(4))
+        stored = [NewEvent(new_id(), "ThingHappened", {"k": k}) for k in range(2)]
+        await store.append(b, 0, stored)
+        await store.append(c, 0, [NewEvent(new_id(), "ThingHappened", {})])
+        results = await asyncio.gather(
+            store.append(a, 0, [NewEvent(new_id(), "ThingHappened", {"a": k}) for k in range(3)]),
+            store.append(b, 0, stored),  # a retry of an acknowledged append
+            store.append(c, 0, [NewEvent(new_id(), "ThingHappened", {})]),  # stale version
+            store.append(d, None, [NewEvent(new_id(), "ThingHappened", {})]),
+            store.append(a, 3, [NewEvent(new_id(), "ThingHappened", {"a": 3})]),  # the same stream: next group
+            return_exceptions=True)
+        ra, rb, rc, rd, ra2 = results
+        assert (ra["fromVersion"], ra["toVersion"], ra["duplicates"]) == (1, 3, 0)
+        assert rb["duplicates"] == 2 and (rb["fromVersion"], rb["toVersion"]) == (1, 2)
+        assert isinstance(rc, Exception) and getattr(rc, "code", None) == "version-conflict", rc
+        assert (rd["fromVersion"], rd["duplicates"]) == (1, 0)
+        assert (ra2["fromVersion"], ra2["toVersion"]) == (4, 4)
+        async with db.pool.acquire() as conn:
+            versions = await conn.fetch("SELECT stream_id, count(*) AS n, max(version) AS v FROM persistence.events "
+                                        "WHERE stream_id = ANY($1) GROUP BY stream_id", [a, b, c, d])
+        assert {r["stream_id"]: (r["n"], r["v"]) for r in versions} == {a: (4, 4), b: (2, 2), c: (1, 1), d: (1, 1)}
+    finally:
+        await db.close()

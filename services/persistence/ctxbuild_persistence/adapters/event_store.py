@@ -15,10 +15,12 @@ transaction that gives the exact answer (duplicates, ``version-conflict``, ``eve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -121,46 +123,132 @@ _PAGE_ALL = (
     "  ) w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2"
     ") p ON true ORDER BY p.n")
 
-# The one-statement append: the stream's version, then — only when it is the expected one — the events (versions
-# in request order) and their outbox rows. A row per inserted event, or one row with a NULL position when the
-# version did not match.
-_FAST_APPEND = (
-    "WITH cur AS (SELECT coalesce(max(version), 0) AS v FROM persistence.events WHERE stream_id = $1), "
+# The one-statement append of a group of requests, each on its own stream: each stream's version, then — for the
+# requests whose version is the expected one ($2: NULL = any) — their events (versions in request order) and
+# outbox rows. Rows per request (i = its 1-based index): one per inserted event, or one with a NULL position
+# when its version did not match.
+_GROUP_APPEND = (
+    "WITH cur AS ("
+    "  SELECT r.i, r.stream_id, r.expected, (SELECT coalesce(max(e.version), 0) FROM persistence.events e "
+    "                                        WHERE e.stream_id = r.stream_id) AS v "
+    "  FROM unnest($1::text[], $2::integer[]) WITH ORDINALITY AS r(stream_id, expected, i)), "
     "ins AS ("
     "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
-    "  SELECT $1, cur.v + x.ord, x.id, x.t, x.d::json, x.m::json "
-    "  FROM cur, unnest($2::uuid[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS x(id, t, d, m, ord) "
-    "  WHERE $6::integer IS NULL OR cur.v = $6 "
+    "  SELECT cur.stream_id, cur.v + x.k, x.id, x.t, x.d::json, x.m::json "
+    "  FROM unnest($3::integer[], $4::integer[], $5::uuid[], $6::text[], $7::text[], $8::text[]) "
+    "       WITH ORDINALITY AS x(i, k, id, t, d, m, ord) "
+    "  JOIN cur ON cur.i = x.i AND (cur.expected IS NULL OR cur.v = cur.expected) "
     "  ORDER BY x.ord "
-    "  RETURNING position, version), "
+    "  RETURNING position, stream_id, version), "
     "ob AS (INSERT INTO persistence.outbox (position) SELECT position FROM ins) "
-    "SELECT cur.v AS current, ins.position, ins.version FROM cur LEFT JOIN ins ON true ORDER BY ins.version")
+    "SELECT cur.i, cur.v AS current, ins.position FROM cur LEFT JOIN ins ON ins.stream_id = cur.stream_id "
+    "ORDER BY cur.i, ins.version")
+GROUP_MAX_REQUESTS = 64
+GROUP_MAX_EVENTS = 2000
+
+
+@dataclass
+class _Pending:
+    stream_id: str
+    expected_version: int | None
+    events: list[NewEvent]
+    done: asyncio.Future
 
 
 class EventStore:
+    """Appends that arrive while one is being written are written together, in one statement and one commit
+    (group commit: concurrent appends cost one round trip and one WAL flush between them, not one each); an
+    append alone is written at once."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._queue: list[_Pending] = []
+        self._writer: asyncio.Task | None = None
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
-        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`). One round trip when the request is
-        new and the version matches; otherwise the exact answer from :meth:`_append_checked`."""
+        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`). One statement (grouped with
+        concurrent appends) when the request is new and the version matches; otherwise the exact answer from
+        :meth:`_append_checked`."""
         if expected_version is None or 0 <= expected_version <= FAST_PATH_VERSIONS:
-            async with db_errors(), self.db.pool.acquire() as conn:
-                try:
-                    rows = await conn.fetch(
-                        _FAST_APPEND, stream_id, [uuid.UUID(e.event_id) for e in events], [e.type for e in events],
-                        [dumps(e.data) for e in events], [dumps(e.metadata) for e in events], expected_version)
-                except asyncpg.UniqueViolationError:
-                    rows = []  # an id already stored, or a concurrent append took the version: decide below
-            if rows and rows[0]["position"] is not None:
-                plan = plan_append(stream_id, expected_version, events, rows[0]["current"], {})
-                return plan.result([r["position"] for r in rows])
+            p = _Pending(stream_id, expected_version, events, asyncio.get_running_loop().create_future())
+            self._queue.append(p)
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._write_groups(), name="event-store-group-append")
+            async with db_errors():
+                result = await p.done
+            if result is not None:
+                return result
         for _ in range(SLOW_PATH_ATTEMPTS):
             result = await self._append_checked(stream_id, expected_version, events)
             if result is not None:
                 return result
         raise Conflict(f"concurrent appends to {stream_id!r} kept winning; retry", retryable=True,
                        details={"streamId": stream_id})
+
+    async def _write_groups(self) -> None:
+        """Until the queue is empty: take a group (one request per stream — a second one for a stream waits for
+        the next group, so versions are read after the first is written), write it, answer each request."""
+        while self._queue:
+            group: list[_Pending] = []
+            rest: list[_Pending] = []
+            streams: set[str] = set()
+            n_events = 0
+            for p in self._queue:
+                if p.stream_id in streams or len(group) >= GROUP_MAX_REQUESTS or (
+                        group and n_events + len(p.events) > GROUP_MAX_EVENTS):
+                    rest.append(p)
+                else:
+                    group.append(p)
+                    streams.add(p.stream_id)
+                    n_events += len(p.events)
+            self._queue = rest
+            try:
+                results = await self._append_group(group)
+            except asyncio.CancelledError:  # shutting down: nobody is left to write the queue
+                for p in group + self._queue:
+                    if not p.done.done():
+                        p.done.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the failure; the loop goes on
+                for p in group:
+                    if not p.done.done():
+                        p.done.set_exception(exc)
+                continue
+            for p, result in zip(group, results, strict=True):
+                if not p.done.done():
+                    p.done.set_result(result)
+
+    async def _append_group(self, group: list[_Pending]) -> list[dict[str, Any] | None]:
+        """One statement for the group; per request its reply, or None when it needs the checked path (its version
+        did not match, or the statement hit a unique constraint: an id already stored, a concurrent writer)."""
+        evs = [(i, k, e) for i, p in enumerate(group, 1) for k, e in enumerate(p.events, 1)]
+        async with self.db.pool.acquire() as conn:
+            try:
+                rows = await conn.fetch(
+                    _GROUP_APPEND, [p.stream_id for p in group], [p.expected_version for p in group],
+                    [i for i, _, _ in evs], [k for _, k, _ in evs], [uuid.UUID(e.event_id) for _, _, e in evs],
+                    [e.type for _, _, e in evs], [dumps(e.data) for _, _, e in evs],
+                    [dumps(e.metadata) for _, _, e in evs])
+            except asyncpg.UniqueViolationError:
+                if len(group) == 1:
+                    return [None]
+                failed = True  # one request's conflict must not send the others down the checked path
+            else:
+                failed = False
+        if failed:
+            return [(await self._append_group([p]))[0] for p in group]
+        by_request: dict[int, list[asyncpg.Record]] = {}
+        for r in rows:
+            by_request.setdefault(r["i"], []).append(r)
+        out: list[dict[str, Any] | None] = []
+        for i, p in enumerate(group, 1):
+            mine = by_request[i]
+            if mine[0]["position"] is None:
+                out.append(None)
+                continue
+            plan = plan_append(p.stream_id, p.expected_version, p.events, mine[0]["current"], {})
+            out.append(plan.result([r["position"] for r in mine]))
+        return out
 
     async def _append_checked(self, stream_id: str, expected_version: int | None,
                               events: list[NewEvent]) -> dict[str, Any] | None:
