@@ -39,7 +39,9 @@ Replicas: turns/s of ``--scale-concurrency`` (16) concurrent copies of the same 
 runner replicas (orchestration processes with CTX_ROLE=runner on their own work-queue stream), with 1 or 2
 persistence replicas (a second process in its queue group); the four configurations visited in order and back
 (``--scale-rounds``), one batch per visit, beside CPU seconds per turn by component (runners, edge, persistence,
-Postgres, NATS, the rest) and events appended per turn — the per-core figures docs/scaling.md projects from.
+Postgres, NATS, each other process), events and WAL bytes per turn, and the CPU an open SSE stream costs per second
+with nothing to send (turns queued with no runner, followed; less the same window unfollowed) — the per-core
+figures docs/scaling.md projects from.
 Kill test: a separate edge and runner replicas on their own work-queue stream (ack wait 3 s); replayed turns
 (≥ 5 model calls) run two at a time while the runner is SIGKILLed ``--kills`` times at a random moment (0–0.6 s)
 after it served a step of a running turn, a new runner started after each; each turn is hit at most 3 times (the
@@ -424,11 +426,49 @@ class Replicas:
         await asyncio.to_thread(self.edge.stop)
 
 
-async def db_marks(db: asyncpg.Connection) -> tuple[int, str]:
-    """The last event position and the WAL insert position (every database of the stack: events, blob metadata)."""
+async def db_marks(db: asyncpg.Connection) -> tuple[int, int]:
+    """The last event position and the WAL insert position in bytes (every database of the stack: events, blob
+    metadata)."""
     row = await db.fetchrow("SELECT (SELECT coalesce(max(position), 0) FROM persistence.events) AS pos, "
-                            "pg_current_wal_insert_lsn()::text AS lsn")
-    return int(row["pos"]), row["lsn"]
+                            "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS wal")
+    return int(row["pos"]), int(row["wal"])
+
+
+async def follow_cost(api: Api, reps: Replicas, traj: Trajectory, window: int, n: int, seconds: float = 8.0
+                      ) -> dict[str, Any]:
+    """CPU per followed turn per second while nothing happens: ``n`` turns queued with no runner, each followed
+    over SSE as a front end does, for ``seconds`` (the edge reads the turn's stream on a timer between wake-ups),
+    less the same window with nobody following (the services' own pollers); then a runner is started and the
+    turns complete."""
+    await reps.resize(0, 1)
+    cids = [await api.conversation(f"follow {i}", {"contextWindow": window}) for i in range(n)]
+    spec, script = traj.replay_spec(0), traj.turns[0].script
+    tids = await asyncio.gather(*(api.start_turn(c, traj.turns[0].text, spec, len(script)) for c in cids))
+    groups = reps.cpu_groups()
+    c0 = snapshot(groups)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    idle, idle_wall = delta(c0, snapshot(groups)), time.perf_counter() - t0
+    followers = [asyncio.ensure_future(api.wait(c, t, timeout=seconds + 4)) for c, t in zip(cids, tids, strict=True)]
+    await asyncio.sleep(2)  # connected and authenticated (an API key's first check is an argon2 hash): not counted
+    c0 = snapshot(groups)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - t0
+    used = delta(c0, snapshot(groups))
+    ended = await asyncio.gather(*followers, return_exceptions=True)
+    if not all(isinstance(e, TimeoutError) for e in ended):
+        raise RuntimeError(f"a followed turn ended with no runner: {ended}")
+    await reps.resize(1, 1)
+    await asyncio.gather(*(api.wait(c, t) for c, t in zip(cids, tids, strict=True)))
+    net = {k: (used[k] - idle[k] * wall / idle_wall) / (n * wall) * 1000 for k in used}
+    return {"turns": n, "seconds": round(wall, 2),
+            "cpu_ms_per_followed_turn_second": {k: round(v, 3) for k, v in net.items() if abs(v) >= 0.05},
+            "cpu_ms_per_followed_turn_second_total": round(sum(net.values()), 3),
+            "idle_cpu_cores": round(sum(idle.values()) / idle_wall, 3),
+            "how": "turns queued with no runner, each followed over GET …/turns/{id}/events for the window: the "
+                   "CPU spent per open SSE stream per second with no event to send, less the same window with no "
+                   "follower (idle_cpu_cores: the services' own pollers)"}
 
 
 async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int, rounds: int, progress: Progress,
@@ -454,11 +494,12 @@ async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int,
                 used = delta(c0, snapshot(groups))
                 e1, w1 = await db_marks(db)
                 per[cfg]["events"] += e1 - e0
-                per[cfg]["wal"] += int(await db.fetchval("SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)", w1, w0))
+                per[cfg]["wal"] += w1 - w0
                 per[cfg]["batches"].append(batch)
                 for k, v in used.items():
                     per[cfg]["cpu"][k] = per[cfg]["cpu"].get(k, 0.0) + v
                 progress.advance(task)
+        follow = await follow_cost(api, reps, traj, window, concurrency)
     finally:
         await db.close()
         await api.aclose()
@@ -477,7 +518,7 @@ async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int,
         }
     base = out["runners_1_persistence_1"]["turns_per_s"]
     return {"turn": f"{traj.name} turn 0 ({len(traj.turns[0].script)} model calls), one conversation per turn",
-            "concurrency": concurrency, "rounds": rounds, "configs": out,
+            "concurrency": concurrency, "rounds": rounds, "configs": out, "sse_follow": follow,
             "speedup_vs_1_1": {k: round(v["turns_per_s"] / base, 3) for k, v in out.items()},
             "how": "an edge and 1 or 2 runner replicas on their own work-queue stream, 1 or 2 persistence "
                    f"replicas; each visit of a configuration runs one batch of {concurrency} turns submitted at "
