@@ -361,7 +361,9 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         tp1 = await b.throughput(events, [main_pid], pg, loaded)
         lag_loaded = await b.lag.samples(loaded[8])
         print("throughput, 1 replica, a step's events per append …", flush=True)
-        tp1_batch = await b.throughput(events, [main_pid], pg, batch=STEP_EVENTS, levels=(32,))
+        batched: dict[int, list[str]] = {}
+        tp1_batch = await b.throughput(events, [main_pid], pg, batched, batch=STEP_EVENTS, levels=(32,))
+        await b.lag.samples(batched[32])  # the relay's backlog is published before the paced lag is measured
         paced_ids: list[str] = []
         stream = f"bench:{uuid.uuid4()}"
         for v in range(args.n_paced):
