@@ -11,7 +11,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PYTHON := $(PYTHON)
 
 .PHONY: help sync up down status logs run demo test test-security test-chaos test-unit test-integration bench bench-pipeline bench-codec \
-	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search bench-context check-schemas contracts check-contracts \
+	bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale bench-tool-search bench-context bench-gateway check-schemas contracts check-contracts \
 	lint clean k8s-validate images chromium test-ui ui-shots
 
 help:  ## list targets
@@ -88,7 +88,7 @@ ui-shots: sync chromium  ## screenshots of every inspector page (the demo conver
 test-unit: sync  ## pure-logic tests only (no servers)
 	$(PY) -m pytest tests/unit tests/contract
 
-bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas bench-tool-search bench-context  ## every benchmark → bench/results/*.json
+bench: bench-pipeline bench-codec bench-blobstore bench-eventstore bench-truncation bench-compaction bench-e2e bench-scale check-schemas bench-tool-search bench-context bench-gateway  ## every benchmark → bench/results/*.json
 
 bench-pipeline: sync  ## one pipeline step (truncate + blob put + event append) vs bare NATS, 50 KB
 	$(PY) bench/pipeline_step.py --out bench/results/pipeline_step.json
@@ -114,6 +114,9 @@ bench-e2e: sync  ## real trajectories through the full stack: served tokens, pre
 bench-context: sync  ## ctxbuild (3 summarizers) vs LangChain/deepagents context strategies on the real runs, W=32k/16k (CONTEXT_METRICS.md) → context.json + PNGs
 	$(UV) sync --all-packages --locked --group bench
 	$(PY) bench/context.py --out bench/results/context.json
+
+bench-gateway: sync  ## the gateway's added latency vs the LiteLLM proxy (small request; 40-step client-tool conversation), served/raw tokens, read-back → gateway.json
+	$(PY) bench/gateway.py --out bench/results/gateway.json
 
 bench-scale: sync  ## no ceiling: 50 turns / 100 MB in one conversation, turn start at 1k vs 10k messages, event sizes
 	$(PY) bench/scale.py --out bench/results/scale.json

@@ -301,6 +301,23 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
         await step("orchestration: ensure CTX_TURNS", edge_q.ensure())
         await step("orchestration: submit a turn", edge_q.submit("turn-1", "conv-1"))
         await c["orchestration"].nc.publish("ctx.turn.abort", b'{"turnId":"turn-1"}')
+        # the runner's live notices of a turn reach the edge (text deltas, the end notice)
+        heard: list[str] = []
+
+        async def hear(msg: Any) -> None:
+            heard.append(msg.subject)
+
+        await c["orchestration"].nc.subscribe("ctx.turn.*.turn-1", cb=hear)
+        await c["orchestration"].nc.flush()
+        for subject in ("ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1"):
+            await c["orchestration-runner"].nc.publish(subject, b"{}")
+        await c["orchestration-runner"].nc.flush()
+        for _ in range(50):
+            if len(heard) == 2:
+                break
+            await asyncio.sleep(0.02)
+        if sorted(heard) != ["ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1"]:
+            errors.append(f"orchestration did not hear the runner's ctx.turn.delta/ended notices (got {heard})")
         runner_q = TurnQueue(lambda: c["orchestration-runner"].nc, config)
         await step("orchestration-runner: ensure CTX_TURNS", runner_q.ensure())
         stopping, got = asyncio.Event(), []

@@ -11,6 +11,10 @@ Test knobs (each applies to the next request only): ``fail_next`` (an HTTP statu
 blocks to answer with; a tool_use block may carry ``"raw_input"``, the exact JSON text to stream), ``break_next``
 (``"cut"``: the body ends before message_stop; ``"drop"``: the connection is lost mid-body; ``"overloaded"``: an
 ``event: error`` of type overloaded_error mid-stream).
+
+``[[fake: …]]`` in the last user message runs the client-tool script of :mod:`tests.support.fake_openai`
+(:class:`~tests.support.fake_openai.Script`) on the Messages format; ``GET /_recorded?since=n`` returns the
+recorded bodies.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.fake_openai import pieces
+from tests.support.fake_openai import Script, Turn, pieces
 from tests.support.server import ThreadedServer
 
 
@@ -54,19 +58,59 @@ def wire_errors(body: dict[str, Any]) -> list[str]:
     return errors
 
 
+def anthropic_turns(messages: list[dict[str, Any]]) -> list[Turn]:
+    def text(content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        return "".join(c.get("text", "") for c in content or [] if c.get("type") == "text")
+
+    out = []
+    for m in messages:
+        blocks = [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
+        results = [(c["tool_use_id"], text(c.get("content"))) for c in blocks if c.get("type") == "tool_result"]
+        if results:  # a user message's tool results come first (the API's rule), its text after
+            out.append(Turn("tool", results=results))
+        calls = [(c["id"], c["name"], c.get("input") or {}) for c in blocks if c.get("type") == "tool_use"]
+        said = text(blocks)
+        if said or calls or not results:
+            out.append(Turn(m["role"], said, calls))
+    return out
+
+
 class FakeAnthropic(ThreadedServer):
     def __init__(self, port: int) -> None:
         self.requests: list[dict[str, Any]] = []
         self.fail_next: int | None = None
         self.reply_next: list[dict[str, Any]] | None = None
         self.break_next: str | None = None
-        super().__init__(Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"])]), port)
+        super().__init__(Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"]),
+                                           Route("/_recorded", self.recorded)]), port)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    async def recorded(self, request: Request) -> Response:
+        return JSONResponse(self.requests[int(request.query_params.get("since", 0)):])
+
+    def scripted(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        system = body.get("system") or ""
+        system = system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
+        turns = [Turn("system", system), *anthropic_turns(body["messages"])]
+        found = Script.of(turns)
+        if found is None:
+            return None
+        script, at = found
+        text, calls = script.decide(turns, at, [t["name"] for t in body.get("tools", [])])
+        n = len(self.requests)
+        return ([{"type": "text", "text": text}] if text or not calls else []) + [
+            {"type": "tool_use", "id": f"toolu_{n}_{j}", "name": name, "input": args}
+            for j, (name, args) in enumerate(calls)]
+
     def decide(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        scripted = self.scripted(body)
+        if scripted is not None:
+            return scripted
         last = body["messages"][-1]["content"]
         if any(c.get("type") == "tool_result" for c in last):
             return [{"type": "text", "text": f"got {len(last)} result(s)"}]

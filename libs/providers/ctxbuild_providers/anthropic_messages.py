@@ -58,6 +58,19 @@ def to_wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return wire
 
 
+def wire_tool_choice(choice: dict[str, Any] | None, parallel: bool | None) -> dict[str, Any] | None:
+    """Neutral tool choice → Anthropic's (``required`` is ``any``); no parallel calls rides on it."""
+    if choice is None and parallel is not False:
+        return None
+    kind = (choice or {"type": "auto"})["type"]
+    out: dict[str, Any] = {"type": "any" if kind == "required" else kind}
+    if kind == "tool":
+        out["name"] = choice["name"]  # type: ignore[index]
+    if parallel is False and kind != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
 def build_params(request: ModelRequest, max_tokens: int) -> dict[str, Any]:
     messages = to_wire_messages(request.messages)
     if messages:
@@ -71,6 +84,10 @@ def build_params(request: ModelRequest, max_tokens: int) -> dict[str, Any]:
                  for t in request.tools]
         tools[-1]["cache_control"] = EPHEMERAL
         params["tools"] = tools
+        if (choice := wire_tool_choice(request.tool_choice, request.parallel_tool_calls)) is not None:
+            params["tool_choice"] = choice
+    if extra := {k: v for k, v in request.options.items() if k not in params}:
+        params["extra_body"] = extra  # merged into the JSON body (the SDK names only some of them)
     return params
 
 
@@ -179,14 +196,24 @@ def map_error(model: str, exc: Exception) -> ProviderError:
     return ProviderError(f"{model}: {type(exc).__name__}: {exc}")
 
 
+def anthropic_client(*, api_key: str | None, base_url: str | None = None, timeout_s: float = 120.0,
+                     max_retries: int = 2) -> anthropic.AsyncAnthropic:
+    """An SDK client for an Anthropic Messages endpoint; built once per process and endpoint (an SSL context and
+    a connection pool), shared by the providers of every turn."""
+    return anthropic.AsyncAnthropic(api_key=api_key or "EMPTY", base_url=base_url, timeout=timeout_s,
+                                    max_retries=max_retries)
+
+
 class AnthropicMessagesProvider:
     name = "anthropic"
 
     def __init__(self, model: str, *, api_key: str | None, base_url: str | None = None,
-                 max_tokens: int = 4096, timeout_s: float = 120.0, max_retries: int = 2, stream: bool = True) -> None:
-        # the SDK retries 408/409/429/5xx and connection errors itself (max_retries) before a stream begins
-        self.client = anthropic.AsyncAnthropic(api_key=api_key or "EMPTY", base_url=base_url, timeout=timeout_s,
-                                               max_retries=max_retries)
+                 max_tokens: int = 4096, timeout_s: float = 120.0, max_retries: int = 2, stream: bool = True,
+                 client: anthropic.AsyncAnthropic | None = None) -> None:
+        # the SDK retries 408/409/429/5xx and connection errors itself (max_retries) before a stream begins;
+        # ``client``: a shared one (see ``anthropic_client``)
+        self.client = client or anthropic_client(api_key=api_key, base_url=base_url, timeout_s=timeout_s,
+                                                 max_retries=max_retries)
         self.model = model
         self.max_tokens = max_tokens
         self.stream = stream

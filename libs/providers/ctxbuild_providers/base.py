@@ -31,11 +31,24 @@ class ModelRequest:
     messages: list[dict[str, Any]]
     tools: list[ToolSpec] = field(default_factory=list)
     max_output_tokens: int | None = None
+    # a gateway client's choices (SPEC §15.5), sent upstream as given: neutral tool choice ({"type": "auto" |
+    # "none" | "required"} or {"type": "tool", "name": …}), parallel tool calls, and sampling options already in
+    # the upstream dialect's own terms (temperature, top_p, stop / stop_sequences, …)
+    tool_choice: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
     def render(self) -> bytes:
         # insertion-ordered, compact, no ASCII escaping: the same history always gives the same bytes
-        doc = {"model": self.model, "system": self.system, "tools": [t.as_dict() for t in self.tools],
-               "messages": self.messages}
+        doc: dict[str, Any] = {"model": self.model, "system": self.system,
+                               "tools": [t.as_dict() for t in self.tools], "messages": self.messages}
+        # only when set, so a request without them keeps the bytes (and hash) it always had
+        if self.tool_choice is not None:
+            doc["toolChoice"] = self.tool_choice
+        if self.parallel_tool_calls is not None:
+            doc["parallelToolCalls"] = self.parallel_tool_calls
+        if self.options:
+            doc["options"] = self.options
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
     def digest(self) -> str:

@@ -51,6 +51,12 @@ def to_wire_messages(system: str, messages: list[dict[str, Any]]) -> list[dict[s
     return wire
 
 
+def wire_tool_choice(choice: dict[str, Any]) -> str | dict[str, Any]:
+    if choice.get("type") == "tool":
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice["type"]
+
+
 def to_wire_tools(request: ModelRequest) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": t.name, "description": t.description,
                                               "parameters": t.input_schema}} for t in request.tools]
@@ -153,15 +159,24 @@ def map_error(model: str, exc: openai.OpenAIError) -> ProviderError:
     return ProviderError(f"{model}: {type(exc).__name__}: {exc}")
 
 
+def openai_client(*, base_url: str | None, api_key: str | None, timeout_s: float = 120.0,
+                  max_retries: int = 2) -> openai.AsyncOpenAI:
+    """An SDK client for an OpenAI-compatible endpoint. Building one costs an SSL context and a connection pool:
+    a process that calls the same endpoint for many turns builds it once and hands it to each provider."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
+                              max_retries=max_retries)
+
+
 class OpenAIChatProvider:
     name = "openai"
 
     def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float = 120.0,
-                 max_retries: int = 2, stream: bool = True) -> None:
+                 max_retries: int = 2, stream: bool = True, client: openai.AsyncOpenAI | None = None) -> None:
         # local servers (vLLM, Ollama) accept any key; the SDK insists on one. The SDK retries 408/409/429/5xx
-        # and connection errors itself (max_retries) before the first byte of a stream.
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
-                                         max_retries=max_retries)
+        # and connection errors itself (max_retries) before the first byte of a stream. ``client``: a shared one
+        # (see ``openai_client``) — its connection pool and TLS context outlive this provider.
+        self.client = client or openai_client(base_url=base_url, api_key=api_key, timeout_s=timeout_s,
+                                              max_retries=max_retries)
         self.model = model
         self.stream = stream
 
@@ -169,8 +184,14 @@ class OpenAIChatProvider:
         kwargs: dict[str, Any] = {"model": self.model, "messages": to_wire_messages(request.system, request.messages)}
         if request.tools:
             kwargs["tools"] = to_wire_tools(request)
+            if request.tool_choice is not None:
+                kwargs["tool_choice"] = wire_tool_choice(request.tool_choice)
+            if request.parallel_tool_calls is not None:
+                kwargs["parallel_tool_calls"] = request.parallel_tool_calls
         if request.max_output_tokens:
             kwargs["max_tokens"] = request.max_output_tokens
+        if extra := {k: v for k, v in request.options.items() if k not in kwargs}:
+            kwargs["extra_body"] = extra  # merged into the JSON body whatever the SDK version names
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}

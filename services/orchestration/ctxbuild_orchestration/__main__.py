@@ -20,12 +20,14 @@ from .adapters.backends import Backends
 from .adapters.web import WebTools
 from .adapters.work_queue import QueueConfig, TurnQueue
 from .app.edge import Edge, EdgeLimits
+from .app.gateway import Gateway, GatewayConfig
 from .app.providers import check_provider, provider_factory
 from .app.runner import TurnRunner, new_id
 from .app.runner_loop import RunnerLoop
 from .handlers import RunnerHandlers, register_runner
 from .inspector import build_inspector
 from .routers import build_api, health, install_error_handlers
+from .routers.gateway import build_gateway
 from .routers.health import Readiness
 from .settings import Settings
 
@@ -83,6 +85,9 @@ def build(settings: Settings) -> FastAPI:
         edge = Edge(backends, queue, lambda spec: check_provider(spec, settings), settings.max_steps_limit,
                     EdgeLimits.from_settings(settings), auth, settings.abort_grace_s)
         app.include_router(build_api(edge, settings.sse_poll_s))
+        # the drop-in gateway (SPEC §15.5): OpenAI and Anthropic wire formats over the same turns
+        gateway = Gateway(edge, GatewayConfig.from_settings(settings), lambda spec: check_provider(spec, settings))
+        app.include_router(build_gateway(gateway, edge.limits, auth))
         app.include_router(build_inspector(edge, auth, trace_ui_url=settings.trace_ui_url))  # /ui (issue #20)
     app.state.broker = broker
     app.state.runner_loop = loop

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ctxbuild_platform.settings import ServiceSettings
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from .domain.web.settings import WebToolSettings
 
@@ -17,6 +17,28 @@ def retried(default: float, what: str, until: str) -> Any:
 def one_call(default: float, what: str, then: str) -> Any:
     """A runner timeout in seconds (> 0): how long one ``what`` may take, and ``then`` what happens past it."""
     return Field(default, gt=0, description=f"runner: one {what}; {then}")
+
+
+class GatewayModel(BaseModel):
+    """One model of the gateway's model table (SPEC §15.5): where it runs and how large its window is."""
+
+    dialect: Literal["openai", "anthropic"] = Field(description="the upstream's wire format (CTX_OPENAI_* or "
+                                                    "CTX_ANTHROPIC_* endpoint)")
+    contextWindow: int = Field(ge=1024, description="tokens: compaction at turn start and in the loop keeps every "
+                               "served request within it")
+    upstreamModel: str | None = Field(None, description="the model name sent upstream (default: the table key)")
+    summarizer: str | None = Field(None, description="extractive | masking | llm (default: CTX_GATEWAY_SUMMARIZER)")
+    ownedBy: str = "ctxbuild"
+
+
+# a few well-known models; CTX_GATEWAY_MODELS replaces the table
+DEFAULT_GATEWAY_MODELS = {
+    "gpt-4o": {"dialect": "openai", "contextWindow": 128_000},
+    "gpt-4o-mini": {"dialect": "openai", "contextWindow": 128_000},
+    "gpt-4.1": {"dialect": "openai", "contextWindow": 1_047_576},
+    "claude-sonnet-4-5": {"dialect": "anthropic", "contextWindow": 200_000},
+    "claude-haiku-4-5": {"dialect": "anthropic", "contextWindow": 200_000},
+}
 
 
 class Settings(ServiceSettings, WebToolSettings):
@@ -64,6 +86,23 @@ class Settings(ServiceSettings, WebToolSettings):
     openai_api_key: SecretStr | None = Field(None, description="never defaulted; local servers accept any")
     anthropic_base_url: str | None = Field(None, description="unset = api.anthropic.com")
     anthropic_api_key: SecretStr | None = Field(None, description="never defaulted")
+
+    # the drop-in gateway (SPEC §15.5): /v1/chat/completions, /v1/messages, /v1/models
+    gateway_models: dict[str, GatewayModel] = Field(
+        default_factory=lambda: {k: GatewayModel(**v) for k, v in DEFAULT_GATEWAY_MODELS.items()},
+        description="the model table as JSON: model → {dialect, contextWindow, upstreamModel?, summarizer?}")
+    gateway_passthrough: bool = Field(True, description="a model missing from the table is served on the "
+                                      "upstream of the request's own dialect with CTX_GATEWAY_DEFAULT_CONTEXT_WINDOW "
+                                      "(false: 404 model_not_found)")
+    gateway_default_context_window: int = Field(128_000, ge=1024, description="the window of a passthrough model")
+    gateway_summarizer: str | None = Field(None, description="the summarizer of gateway conversations "
+                                           "(extractive | masking | llm; unset: the compaction service's default)")
+    gateway_web_tools: bool = Field(False, description="offer web_fetch/web_search upstream on gateway requests")
+    gateway_mcp_mode: Literal["manual", "auto", "disabled"] = Field(
+        "manual", description="MCP tools on gateway requests: auto = every registered MCP server's tools (through "
+        "the meta-tools when deferred), run server-side; manual/disabled = none")
+    gateway_max_steps: int = Field(20, ge=1, description="model calls one gateway request may take server-side")
+    gateway_wait_s: float = Field(600.0, gt=0, description="the longest a gateway request waits for its turn")
 
     # edge input limits (SPEC §15.3): over them → 413 with the limit named, never a 5xx or an unreadable event
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="a JSON request body, counted while read")

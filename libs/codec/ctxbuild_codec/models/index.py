@@ -16,6 +16,7 @@ MODELS = {
     'events/CompactionDecided.json': ('events.CompactionDecided', 'CompactionDecided'),
     'events/CompactionSummaryRecorded.json': ('events.CompactionSummaryRecorded', 'CompactionSummaryRecorded'),
     'events/ConversationCreated.json': ('events.ConversationCreated', 'ConversationCreated'),
+    'events/GatewayPrefixRecorded.json': ('events.GatewayPrefixRecorded', 'GatewayPrefixRecorded'),
     'events/InLoopFoldRecorded.json': ('events.InLoopFoldRecorded', 'InLoopFoldRecorded'),
     'events/StepServed.json': ('events.StepServed', 'StepServed'),
     'events/ToolCallRequested.json': ('events.ToolCallRequested', 'ToolCallRequested'),
@@ -93,5 +94,6 @@ MODELS = {
     'subjects/ctx.truncate.step.request.json': ('subjects.ctx_truncate_step_request', 'CtxTruncateStepRequest'),
     'subjects/ctx.turn.abort.request.json': ('subjects.ctx_turn_abort_request', 'TurnAbortNotice'),
     'subjects/ctx.turn.delta.request.json': ('subjects.ctx_turn_delta_request', 'TurnTextDelta'),
+    'subjects/ctx.turn.ended.request.json': ('subjects.ctx_turn_ended_request', 'TurnEndedNotice'),
     'subjects/ctx.turn.run.request.json': ('subjects.ctx_turn_run_request', 'TurnRunCommand'),
 }

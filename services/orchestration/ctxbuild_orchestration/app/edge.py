@@ -240,16 +240,26 @@ class Edge:
                                code="invalid-payload")
 
     async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
-                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None) -> None:
+                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
+                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None) -> None:
+        """``extra``: more TurnQueued fields (the gateway's client tools, system prompt, options). ``alongside``:
+        work the runner needs done before the command is submitted, not before it is recorded (the gateway's new
+        messages): run beside the TurnQueued append; a failure of either submits nothing."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn continues this request's trace on whichever replica runs it
         cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
-               "provider": provider, "settings": settings, "trace": carrier}
+               "provider": provider, "settings": settings, "trace": carrier, **(extra or {})}
         if max_steps is not None:
             cmd["maxSteps"] = max_steps
         if regenerate_of:
             cmd["regenerateOf"] = regenerate_of
-        await self.backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        recorded = self.backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        if alongside is None:
+            await recorded
+        else:
+            for outcome in await asyncio.gather(recorded, alongside, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         try:
             await self.queue.submit(turn_id, conversation_id)
         except Exception as exc:
@@ -267,34 +277,47 @@ class Edge:
         return latest["type"] not in TERMINAL
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
-                    regenerate_of: str | None = None) -> None:
+                    regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
         """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
         ended, and the new admission is appended with the admissions stream's expected version — of concurrent
-        requests exactly one is admitted, the others get 409."""
+        requests exactly one is admitted, the others get 409. ``fresh``: a conversation this request has just
+        created has no admission yet (nothing to read; expected version 0 still guards it). ``ended_at``: the
+        version of an admission whose turn the caller saw end — appended after it without reading; anything
+        admitted since makes that append conflict, and the stream is then read as usual. Returns the version of
+        the new admission."""
         stream = ADMISSIONS_PREFIX + conversation_id
-        version, previous = await self.stream_tail(stream)
-        if previous is not None and await self.still_running(previous):
-            raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         data = {"turnId": turn_id, "userMessageId": user_message_id}
         if regenerate_of:
             data["regenerateOf"] = regenerate_of
+        if ended_at is not None:
+            try:
+                await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=ended_at)
+                return ended_at + 1
+            except RemoteError as exc:
+                if exc.code != "version-conflict":
+                    raise
+        version, previous = (0, None) if fresh else await self.stream_tail(stream)
+        if previous is not None and await self.still_running(previous):
+            raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         try:
             await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=version)
         except RemoteError as exc:
             if exc.code == "version-conflict":  # another request was admitted between our read and our append
                 raise turn_in_progress(conversation_id, None) from exc
             raise
+        return version + 1
 
     async def admit_for(self, who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
-                        regenerate_of: str | None = None) -> None:
-        """The caller's running-turn limit (429), then the conversation's one running turn (409)."""
+                        regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
+        """The caller's running-turn limit (429), then the conversation's one running turn (409); the new
+        admission's version."""
         async def running(t: str) -> bool:
             _, latest = await self.stream_tail(f"turn:{t}")
             return latest is None or latest["type"] not in TERMINAL
 
         await self.auth.admit_turn(who, turn_id, running)
         try:
-            await self.admit(conversation_id, turn_id, user_message_id, regenerate_of)
+            return await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh, ended_at)
         except BaseException:
             self.auth.turn_not_started(who, turn_id)
             raise

@@ -6,7 +6,14 @@ import json
 from typing import Any
 
 from ctxbuild_platform.errors import ServiceError
-from ctxbuild_providers import AnthropicMessagesProvider, OpenAIChatProvider, Provider, ReplayProvider
+from ctxbuild_providers import (
+    AnthropicMessagesProvider,
+    OpenAIChatProvider,
+    Provider,
+    ReplayProvider,
+    anthropic_client,
+    openai_client,
+)
 
 from ..adapters.backends import Backends
 from ..settings import Settings
@@ -23,6 +30,22 @@ def check_provider(spec: dict[str, Any], settings: Settings) -> None:
 
 
 def provider_factory(settings: Settings, backends: Backends):
+    """Each turn gets its provider (the model its command names); the SDK client under it — an SSL context and a
+    keep-alive connection pool to the deployment's one endpoint per kind — is built once, on first use, and shared:
+    building it per turn cost more than the rest of a small turn's own work, and a fresh connection per turn
+    added the TCP handshake to every model call."""
+    clients: dict[str, Any] = {}
+
+    def client(kind: str) -> Any:
+        if kind not in clients:
+            if kind == "anthropic":
+                key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
+                clients[kind] = anthropic_client(api_key=key, base_url=settings.anthropic_base_url)
+            else:
+                key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+                clients[kind] = openai_client(base_url=settings.openai_base_url, api_key=key)
+        return clients[kind]
+
     async def make(spec: dict[str, Any], conversation_id: str, turn_id: str) -> Provider:
         check_provider(spec, settings)
         if spec["kind"] == "replay":
@@ -33,9 +56,7 @@ def provider_factory(settings: Settings, backends: Backends):
             return ReplayProvider(doc["script"], tools=doc.get("tools") or None,
                                   call_id_prefix=f"call_{turn_id.rsplit('_', 1)[-1][-8:]}")
         if spec["kind"] == "anthropic":
-            key = settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else None
-            return AnthropicMessagesProvider(spec["model"], api_key=key, base_url=settings.anthropic_base_url)
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        return OpenAIChatProvider(spec["model"], base_url=settings.openai_base_url, api_key=key)
+            return AnthropicMessagesProvider(spec["model"], api_key=None, client=client("anthropic"))
+        return OpenAIChatProvider(spec["model"], base_url=None, api_key=None, client=client("openai"))
 
     return make

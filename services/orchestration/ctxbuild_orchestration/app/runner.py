@@ -44,7 +44,20 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from ..adapters import content
 from ..adapters.backends import Backends, not_delivered, patiently, transient
 from ..adapters.deltas import publish_delta
+from ..adapters.turn_watch import publish_ended
 from ..domain.arguments import argument_error, invalid_arguments_output
+from ..domain.client_tools import (
+    PREFIX_STREAM,
+    client_calls,
+    client_names,
+    client_specs,
+    gateway_result,
+    handed_over_messages,
+    result_summary,
+    server_view,
+    with_client_tools,
+)
+from ..domain.gateway import chain_hash, result_message
 from ..domain.steps import tool_result
 from ..domain.tools import BUILTINS, FS_READ, META_TOOLS, READ_FILE, WEB_TOOLS, offered_tools
 from ..domain.turn_state import StepRecord, TurnState, event_id, fold, message_id
@@ -61,6 +74,7 @@ FAST_COMPACTION_TIMEOUT_S = 45.0  # a fold without a model call (TextRank over a
 TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
+NOTICE_RESULT_MAX_BYTES = 256 * 1024  # a larger gateway answer is read from the events by the waiter
 MAX_ATTEMPTS = 5  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
 APPEND_BATCH_BYTES = 256 * 1024  # events of one append request (each ≤ 64 KiB): well inside one NATS message
 
@@ -323,7 +337,7 @@ class TurnRunner:
         # same event id as TurnCompleted: a turn has exactly one terminal event whoever writes first
         await self._terminal(ts, {"eventId": event_id(ts.turn_id, "terminal"), "type": "TurnFailed", "data": data})
 
-    async def _terminal(self, ts: TurnStream, event: dict[str, Any]) -> None:
+    async def _terminal(self, ts: TurnStream, event: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         """Store the terminal event, retrying while persistence is away (SPEC §15.4: a turn always ends). Another
         terminal event already stored under the same id (``event-id-conflict``) is the turn's end too. Still not
         stored after the patience → :class:`TerminalNotStored` (the command is not acknowledged)."""
@@ -334,6 +348,7 @@ class TurnRunner:
                 log.info("turn-already-ended", turn_id=ts.turn_id)
                 return
             raise TerminalNotStored(f"{event['type']} of {ts.turn_id}: {exc}") from exc
+        await publish_ended(self.backends.rpc.broker, ts.turn_id, event["type"], result)  # wakes a waiting gateway
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, st: TurnState, ts: TurnStream) -> None:
@@ -360,7 +375,11 @@ class TurnRunner:
                 start = await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
         served: list[dict[str, Any]] = start["messages"]
         box = await self._toolbox(provider, cs, start["retained"], turn_id)
-        system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "")
+        clients = client_names(cmd)
+        if clients:
+            box.specs = with_client_tools(box.specs, client_specs(cmd))
+        system = SYSTEM_PROMPT + (f"\n\n{box.system_extra}" if box.system_extra else "") + \
+            (f"\n\n{cmd['system']}" if cmd.get("system") else "")  # the gateway client's own system prompt
         trunc_settings = {"truncateThreshold": cs.get("truncateThreshold"), **window}
         fixed = fixed_tokens(system, box.specs)
         room = input_room(cs.get("contextWindow"), cs.get("reservation"))
@@ -377,6 +396,8 @@ class TurnRunner:
             with span("step", **{"ctx.step": step, "ctx.turn_id": turn_id}):
                 if step in st.steps:
                     rec = st.steps[step]
+                    if clients and client_calls(rec.assistant, clients):
+                        return await self._hand_over(st, ts, step, provider, box, trunc_settings, cs, clients)
                     if not rec.complete:
                         await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
                     if not rec.calls:
@@ -388,7 +409,11 @@ class TurnRunner:
                                                                checkpoint, start["retained"], fixed, compaction, ts,
                                                                room, user_message_id)
                 messages, served_tokens = await self._within_window(messages, room, fixed, user_message_id, ts, step)
-                request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs)
+                request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs,
+                                       max_output_tokens=cmd.get("maxOutputTokens"),
+                                       tool_choice=cmd.get("toolChoice"),
+                                       parallel_tool_calls=cmd.get("parallelToolCalls"),
+                                       options=cmd.get("options") or {})  # the gateway client's choices
                 body = request.render()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
                     if self.keep_requests else None
@@ -415,9 +440,11 @@ class TurnRunner:
                 served_ev["assistantMessage"] = await content.small_message(self.backends.blobs, a_msg,
                                                                             conversation_id, turn_id)
                 await ts.emit("StepServed", served_ev, step)
-                st.steps[step] = StepRecord(step, a_msg)
+                st.steps[step] = StepRecord(step, a_msg, served_tokens=served_tokens, model_ms=model_ms)
                 if not response.tool_calls:
                     return await self._finish(st, ts, step, conversation_id, cs)
+                if clients and client_calls(a_msg, clients):
+                    return await self._hand_over(st, ts, step, provider, box, trunc_settings, cs, clients)
                 await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
         # keep the work: the steps so far (every call answered) join the conversation, then the typed end
         await self.backends.complete_turn(conversation_id, turn_id, st.messages(user_message_id),
@@ -471,15 +498,69 @@ class TurnRunner:
                       cs: dict[str, Any]) -> None:
         cmd = st.command or {}
         messages = st.messages(cmd["userMessageId"])
-        await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
-                                          event_id=event_id(st.turn_id, "persist"))
+        _, summary = await asyncio.gather(
+            self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                        event_id=event_id(st.turn_id, "persist")),
+            self._gateway_answer(st, messages, frozenset()))
         await self._release_provisional(st.turn_id)
         text = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
             if messages else ""
         answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
         await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
                                   "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
-                                           "messageIds": [m["id"] for m in messages]}})
+                                           "messageIds": [m["id"] for m in messages]}}, summary)
+
+    async def _hand_over(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
+                         trunc_settings: dict[str, Any], cs: dict[str, Any], clients: frozenset[str]) -> None:
+        """A step called client tools (gateway, SPEC §15.5): its server-side calls run and are recorded here as
+        usual, the client's are not run — the turn completes with them pending (stopReason ``tool_calls``), the
+        step's assistant message and its server-side results are stored, and the client's results continue the
+        conversation under them on its next request."""
+        cmd = st.command or {}
+        conversation_id = cmd["conversationId"]
+        rec = st.steps[step]
+        st.steps[step] = StepRecord(step, server_view(rec.assistant, clients), rec.results, rec.requested)
+        try:  # the same execution, truncation and records as any step, over the server-side calls only
+            await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
+        finally:
+            st.steps[step] = rec
+        messages = handed_over_messages(st, cmd["userMessageId"], step, clients)
+        pending = [c["toolCallId"] for c in client_calls(rec.assistant, clients)]
+        _, summary = await asyncio.gather(
+            self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                        event_id=event_id(st.turn_id, "persist")),
+            self._gateway_answer(st, messages, frozenset(pending)))
+        await self._release_provisional(st.turn_id)
+        text = "".join(p.get("text", "") for p in rec.assistant["parts"] if p.get("type") == "text")
+        answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
+        await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                                  "data": {"turnId": st.turn_id, "steps": step, "answer": answer,
+                                           "messageIds": [m["id"] for m in messages], "stopReason": "tool_calls",
+                                           "pendingToolCalls": pending}}, summary)
+
+    async def _gateway_answer(self, st: TurnState, messages: list[dict[str, Any]],
+                              pending: frozenset[str]) -> dict[str, Any] | None:
+        """A gateway turn (TurnQueued.gatewayChain) ends: the answer's prefix — the assistant message the client
+        will resend — is recorded, naming the turn's last message, beside the persist lane and before the terminal
+        event (the client's next request finds the conversation at once); returns the response's summary for the
+        end notice. None (the waiter then reads the events and records it itself) when not a gateway turn, when
+        the summary is large, or when the record could not be written."""
+        chain = (st.command or {}).get("gatewayChain")
+        if not chain or not messages:
+            return None
+        result = gateway_result(st, pending)
+        digest = chain_hash(chain, result_message(result))
+        try:
+            await self.backends.append(PREFIX_STREAM + digest, [{
+                "eventId": event_id(st.turn_id, "gateway-prefix"), "type": "GatewayPrefixRecorded",
+                "data": {"conversationId": (st.command or {})["conversationId"], "messageId": messages[-1]["id"]}}],
+                expected=0)
+        except RemoteError as exc:
+            if exc.code not in ("version-conflict", "event-id-conflict"):  # recorded already: first writer wins
+                log.warning("gateway-prefix-not-recorded", turn_id=st.turn_id, error=str(exc)[:300])
+                return None
+        summary = result_summary(st, result)
+        return summary if len(json.dumps(summary, ensure_ascii=False)) <= NOTICE_RESULT_MAX_BYTES else None
 
     async def _release_provisional(self, turn_id: str) -> None:
         await release_provisional(self.backends, turn_id)

@@ -49,6 +49,8 @@ class StepRecord:
     assistant: dict[str, Any]
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # toolCallId → recorded tool-result part
     requested: set[str] = field(default_factory=set)  # toolCallIds announced with ToolCallRequested
+    served_tokens: int = 0  # StepServed's: what the step served and how long the model took
+    model_ms: float = 0.0
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -137,7 +139,8 @@ def fold(turn_id: str, events: list[dict[str, Any]]) -> TurnState:
             case CompactionDecided(phase="turn-start"):
                 st.turn_start_recorded = True
             case StepServed(step=step, assistantMessage=message) if message:
-                st.steps[step] = StepRecord(step, message)
+                st.steps[step] = StepRecord(step, message, served_tokens=d.get("servedTokens") or 0,
+                                            model_ms=d.get("modelMs") or 0.0)
             case ToolCallRequested(step=step, toolCallId=call_id) if step in st.steps:
                 st.steps[step].requested.add(call_id)
             case ToolResultRecorded(step=step) as r if step in st.steps:

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from ctxbuild_codec.contract_base import ContractModel
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, RootModel
 
 from ..model import content_ref
+
+
+class PendingToolCall(RootModel[str]):
+    root: Annotated[str, Field(min_length=1)]
 
 
 class TurnCompleted(ContractModel):
@@ -26,5 +30,17 @@ class TurnCompleted(ContractModel):
         str | content_ref.ContentRef | None,
         Field(
             description="the text of the turn's final assistant message (also in the last StepServed's assistantMessage); a long one by content reference (the turn log and SSE present it inline)"
+        ),
+    ] = None
+    stopReason: Annotated[
+        Literal["stop", "tool_calls"] | None,
+        Field(
+            description="tool_calls: the last step called client tools (gateway) that were not run here; their ids are pendingToolCalls and the client's results continue the conversation"
+        ),
+    ] = None
+    pendingToolCalls: Annotated[
+        list[PendingToolCall] | None,
+        Field(
+            description="the client tool calls of the last step, handed to the client (gateway)"
         ),
     ] = None

@@ -28,6 +28,27 @@ class Provider(ContractModel):
     scriptRef: ScriptRef | None = None
 
 
+class ClientTool(ContractModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    name: Annotated[str, Field(max_length=128, min_length=1)]
+    description: str | None = None
+    inputSchema: dict[str, Any]
+
+
+class ToolChoice(ContractModel):
+    """
+    the client's tool choice, neutral (gateway)
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    type: Literal["auto", "none", "required", "tool"]
+    name: Annotated[str | None, Field(min_length=1)] = None
+
+
 class TurnQueued(ContractModel):
     """
     Stream turn:<turnId>, first event: the turn command (what to run). Appended by the edge before the command goes on the work queue (ctx.turn.run); every runner replica reads it from here, so a resumed turn runs exactly what was accepted. Never holds a secret: providers are named by kind/model, a large replay script by its blob (scriptRef).
@@ -61,5 +82,42 @@ class TurnQueued(ContractModel):
         dict[str, str] | None,
         Field(
             description="W3C trace context of the accepting request: the turn continues that trace on any replica"
+        ),
+    ] = None
+    clientTools: Annotated[
+        list[ClientTool] | None,
+        Field(
+            description="the gateway's client tools (SPEC §15.5): offered upstream beside ctxbuild's own (a clash: the client's wins); a step calling one ends the turn with the client's calls pending (TurnCompleted.stopReason tool_calls) — the client runs them",
+            max_length=512,
+        ),
+    ] = None
+    toolChoice: Annotated[
+        ToolChoice | None,
+        Field(description="the client's tool choice, neutral (gateway)"),
+    ] = None
+    parallelToolCalls: Annotated[
+        bool | None, Field(description="the client's parallel_tool_calls (gateway)")
+    ] = None
+    system: Annotated[
+        str | None,
+        Field(
+            description="the client's system prompt (gateway): served after ctxbuild's own"
+        ),
+    ] = None
+    options: Annotated[
+        dict[str, Any] | None,
+        Field(
+            description="the client's other sampling parameters (temperature, top_p, stop, …), passed upstream as they are (gateway)"
+        ),
+    ] = None
+    maxOutputTokens: Annotated[
+        int | None,
+        Field(description="the client's max_tokens per model call (gateway)", ge=1),
+    ] = None
+    gatewayChain: Annotated[
+        str | None,
+        Field(
+            description="a gateway turn (SPEC §15.5): the prefix hash of the client's conversation up to this request; the runner records the answer's prefix (gwprefix:<chain_hash(gatewayChain, the answer as the client will resend it)>) before the terminal event, so the client's next request finds the conversation",
+            pattern="^[0-9a-f]{64}$",
         ),
     ] = None
