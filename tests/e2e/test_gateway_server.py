@@ -41,7 +41,8 @@ def gw(stack, all_services, fake_openai, fake_anthropic) -> str:
     r = Replica(stack, "orchestration", "orch-gateway", CTX_ROLE="all", CTX_TURNS_STREAM=STREAM,
                 CTX_TURNS_SUBJECT=SUBJECT, CTX_TURNS_CONSUMER=CONSUMER,
                 CTX_OPENAI_BASE_URL=fake_openai.base_url, CTX_ANTHROPIC_BASE_URL=fake_anthropic.base_url,
-                CTX_GATEWAY_MODELS=json.dumps(TABLE), CTX_GATEWAY_PASSTHROUGH="false").wait_ready()
+                CTX_GATEWAY_MODELS=json.dumps(TABLE), CTX_GATEWAY_PASSTHROUGH="false",
+                CTX_DRAIN_TIMEOUT_S="1").wait_ready()  # nothing left running at the module's end: a short drain
     yield r.url
     r.stop()
 

@@ -182,3 +182,58 @@ async def test_masking_keeps_the_task_and_every_output_one_link_away(masked, rpc
         masked_away += 1
         assert any(text in b for b in linked), call_id
     assert masked_away >= PAGES // 2
+
+
+async def run_turn(http, cid: str, text: str, script: list[dict]) -> str:
+    started = (await http.post(f"/v1/conversations/{cid}/turns", json={
+        "text": text, "provider": {"kind": "replay", "script": script}, "maxSteps": len(script)})).json()
+    async with aconnect_sse(http, "GET", started["events"]) as sse:
+        async for ev in sse.aiter_sse():
+            if ev.event in ("TurnCompleted", "TurnFailed"):
+                assert ev.event == "TurnCompleted", json.loads(ev.data)
+                break
+    return started["turnId"]
+
+
+async def test_a_folded_output_quoted_by_a_stored_summary_reads_back_in_full(turn, all_services):
+    """The next turn starts with a turn-start fold over the first turn's rows and stores its summary; the turn
+    after serves from that summary's boundary. The summary quotes folded markers' ``Full output`` links; the
+    model's fs_read of such a link (with that turn's retained context) answers the output in full — a fold
+    revokes nothing (SPEC §6, §15.2): the fold transcript's members stay readable."""
+    cid = turn["cid"]
+    async with httpx.AsyncClient(base_url=all_services, headers=AUTH, timeout=60) as http:
+        stored = (await http.get(f"/v1/conversations/{cid}/messages")).json()["messages"]
+        linked = {}   # an archived output's URI → its tool call
+        for m in stored:
+            for p in m["parts"]:
+                if p["type"] == "tool-result":
+                    for u in URI.findall(json.dumps(p, ensure_ascii=False)):
+                        linked.setdefault(u, p["toolCallId"])
+        assert len(linked) >= 3, linked
+        folding = await run_turn(http, cid, "Thanks.", [{"text": "noted"}])
+        fold = next(d for d in of((await http.get(f"/v1/conversations/{cid}/turns/{folding}")).json()["events"],
+                                  "CompactionDecided") if d["phase"] == "turn-start")
+        assert fold["status"] == "done", fold
+        reads = list(linked)   # every one: the summary quotes some, the others are one transcript away
+        tid = await run_turn(http, cid, "Show me the pages again.", [
+            {"toolCalls": [{"toolName": "fs_read", "input": {"uri": u}} for u in reads]}, {"text": "ok"}])
+        events = (await http.get(f"/v1/conversations/{cid}/turns/{tid}")).json()["events"]
+        first = (await http.get(f"/v1/conversations/{cid}/turns/{tid}/steps/1/request")).json()
+        messages = (await http.get(f"/v1/conversations/{cid}/messages")).json()["messages"]
+    start = next(d for d in of(events, "CompactionDecided") if d["phase"] == "turn-start")
+    assert start["status"] != "done", start   # served from the stored summary's boundary, no second fold
+    summary = next(m for m in first["messages"] if m["id"].startswith("compaction:"))
+    summary_text = json.dumps(summary, ensure_ascii=False)
+    served_calls = {p["toolCallId"] for m in first["messages"] for p in m["parts"] if p["type"] == "tool-result"}
+    quoted = [u for u in reads if linked[u] not in served_calls and u in summary_text]
+    assert quoted, summary_text[:2000]
+    own = {p["toolCallId"]: p["output"] for m in messages if m.get("turnId") == tid for p in m["parts"]
+           if p["type"] == "tool-result"} or {p["toolCallId"]: p["output"] for m in messages for p in m["parts"]
+                                              if p["type"] == "tool-result" and p["toolCallId"] not in turn["full"]}
+    answered = [json.dumps(o, ensure_ascii=False) for o in own.values()]
+    assert len(answered) == len(reads), own
+    assert not any("not-found" in a for a in answered), [a[:300] for a in answered if "not-found" in a]
+    for u in reads:
+        original = turn["full"][linked[u]]
+        probe = next(ln for ln in original.splitlines()[1:] if len(ln) > 20)   # a line of the output's body
+        assert any(json.dumps(probe, ensure_ascii=False)[1:-1] in a for a in answered), u

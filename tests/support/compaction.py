@@ -21,11 +21,14 @@ class MemoryBlobs:
     def __init__(self):
         self.objects: dict[str, bytes] = {}
         self.refs: list[tuple[str, object, str]] = []
+        self.members: dict[str, list[str]] = {}  # a transcript sha256 → the member URIs its put declared
         self.gets = 0
 
-    async def put(self, content, conversation_id, owner, role, *, media_type=None):
+    async def put(self, content, conversation_id, owner, role, *, media_type=None, members=None):
         body = content if isinstance(content, bytes) else content.encode()
         sha = hashlib.sha256(body).hexdigest()
+        if members:
+            self.members[sha] = list(members)
         self.objects[sha] = body
         self.refs.append((sha, owner, role))
         return {"sha256": sha, "uri": vfs_uri(sha), "size": len(body)}

@@ -9,6 +9,7 @@ import hashlib
 import json
 
 from ctxbuild_codec import trim_inflight, vfs_uri
+from ctxbuild_codec.records import archived_uris
 from ctxbuild_codec.tokens import count_messages
 from ctxbuild_compaction.adapters.blobstore import BlobStore
 from ctxbuild_compaction.app import Summarizers, in_loop, turn_start
@@ -183,6 +184,18 @@ async def test_a_transcript_holds_offloaded_outputs_in_full_and_is_byte_stable()
     assert again == uri
     assert render_transcript([TASK]) == render_transcript([json.loads(json.dumps(TASK))])
     assert render_transcript(rows[:2]) != render_transcript(rows[:3])
+
+
+async def test_a_transcript_declares_the_folded_outputs_as_its_members():
+    """The folded rows' own archived URIs go with the transcript's put (the blob store keeps them readable while
+    the transcript is retained); the transcript's text stays the same."""
+    blobs = MemoryBlobs()
+    rows = [TASK, call(1, "Let me look."), result(1, trim=True), call(2), result(2, trim=False)]
+    await blobs.put(page(1), "conv", ("turn", "t"), "provisional")
+    uri = await BlobStore(blobs, 5.0).archive(rows, "conv", "t")
+    sha = next(s for s in blobs.objects if vfs_uri(s) == uri)
+    offloaded = rows[2]["parts"][0]["offload"]["uri"]
+    assert blobs.members[sha] == archived_uris(rows) == [offloaded]
 
 
 async def test_every_folded_output_is_in_a_transcript_the_last_request_names():

@@ -20,7 +20,7 @@ import codecs
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ctxbuild_platform.errors import RemoteError
@@ -62,12 +62,15 @@ class BlobClient:
     # ------------------------------------------------------------------ writes
     async def put(self, content: Content, conversation_id: str, owner: Mapping[str, str] | tuple[str, str],
                   role: str, *, media_type: str | None = None, sha256: str | None = None,
-                  size: int | None = None) -> dict[str, Any]:
+                  size: int | None = None, members: Sequence[str] | None = None) -> dict[str, Any]:
         """Store content with one reference (blob, owner, role); returns ``{sha256, uri, handle, size, created,
-        …}``. ``content``: str, bytes, or a (sync or async) iterable of str/bytes pieces (streamed)."""
+        …}``. ``content``: str, bytes, or a (sync or async) iterable of str/bytes pieces (streamed). ``members``:
+        a fold transcript's archived-output URIs, readable while the transcript is in a read's retained context."""
         base: dict[str, Any] = {"conversationId": conversation_id, "owner": _owner(owner), "role": role}
         if media_type:
             base["mediaType"] = media_type
+        if members:
+            base["members"] = list(dict.fromkeys(members))
         inline = self._inline_text(content)
         if inline is not None:
             try:  # a declared hash is checked by the store on this path too (a mismatch is invalid-payload)

@@ -67,6 +67,7 @@ class RefSpec:
     owner_id: str
     role: str
     conversation_id: str
+    members: tuple[str, ...] = ()  # a fold transcript's members (16-hex handles), recorded with the reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,11 @@ class LockedBlob:
         created, inserted = await _record(conn, sha, new, ref)
         if not inserted:
             await _check_owner(conn, sha, ref)
+        if ref.members:
+            await conn.execute(
+                "INSERT INTO blobstore.blob_members (conversation_id, transcript_sha256, member_prefix) "
+                "SELECT $1, $2, unnest($3::text[]) ON CONFLICT DO NOTHING",
+                ref.conversation_id, sha, list(ref.members))
         if attachment is None:
             return created, None
         display_name, media_type = attachment
@@ -359,6 +365,16 @@ class Postgres:
                 "SELECT DISTINCT sha256 FROM blobstore.refs WHERE sha256 = ANY($1::text[]) AND conversation_id = $2 "
                 "AND owner_kind = 'turn' AND owner_id = $3", list(sha256s), conversation_id, turn_id)
         return {r["sha256"] for r in rows}
+
+    async def member_of(self, prefix: str, conversation_id: str, transcripts: Sequence[str]) -> bool:
+        """Whether a transcript (by handle) of this conversation lists the handle ``prefix`` as a member."""
+        if not transcripts:
+            return False
+        async with self._conn() as conn:
+            return bool(await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM blobstore.blob_members WHERE conversation_id = $1 "
+                "AND member_prefix = $2 AND transcript_prefix = ANY($3::text[]))",
+                conversation_id, prefix, list(transcripts)))
 
     async def blob(self, sha256: str, conversation_id: str) -> tuple[BlobInfo, bool] | None:
         """The blob and whether the conversation may read it; None when there is no such blob."""

@@ -141,7 +141,13 @@ class _LinePaging(Protocol):
 
 
 def _ref(req: _Referencing) -> RefSpec:
-    return RefSpec(req.owner.kind, req.owner.id, req.role, req.conversationId)
+    return RefSpec(req.owner.kind, req.owner.id, req.role, req.conversationId, _members(req))
+
+
+def _members(req: Any) -> tuple[str, ...]:
+    """A put's declared transcript members as handles (the schema's pattern makes every URI parse)."""
+    uris = getattr(req, "members", None) or ()
+    return tuple(dict.fromkeys(p for u in uris if (p := handle_prefix_from_uri(getattr(u, "root", u))) is not None))
 
 
 def _identity(sha: str, size: int, created: bool) -> dict[str, Any]:
@@ -525,8 +531,11 @@ class BlobStore:
     async def _in_scope(self, prefix: str, candidates: list[Candidate], conversation: str,
                         scope: ReadScope | None) -> list[Candidate]:
         """The candidates with ``allowed`` narrowed to the read's scope: a retained URI or attachment, or a blob
-        the turn itself references (SPEC §6, §15). No scope: the conversation-wide rule."""
+        the turn itself references, or a member of a retained fold transcript — a folded row's output is still on
+        the served path (SPEC §6, §15.2). No scope: the conversation-wide rule."""
         if scope is None or scope.retains_prefix(prefix) or not any(c.allowed for c in candidates):
+            return candidates
+        if await self.db.member_of(prefix, conversation, sorted(scope.prefixes)):
             return candidates
         owned = await self.db.turn_references([c.sha256 for c in candidates if c.allowed], conversation,
                                               scope.turn_id) if scope.turn_id else set()

@@ -3,7 +3,9 @@ conversation.
 
 A turn's reads (fs_read, read_file) carry the retained context its turn-start compaction returned and the turn's
 id. A blob is readable when the conversation references it AND it is in that retained context (an archived
-output's URI or a retained attachment) or the turn itself references it (its own offloads, claims, checkpoints).
+output's URI or a retained attachment), or a fold transcript in that retained context lists it as a member (the
+folded rows' outputs: recorded by the store when compaction put the transcript, never taken from the reader), or
+the turn itself references it (its own offloads, claims, checkpoints).
 What a ``maxMessages`` window or a clear-context marker revoked, and what only another branch references, is not
 readable. A read without ``retained`` (a trusted caller such as a UI read-back) keeps the conversation-wide rule.
 Every refusal answers like a blob that does not exist (no oracle).

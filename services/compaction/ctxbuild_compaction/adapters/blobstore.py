@@ -11,7 +11,9 @@ or the claim-check transfer by size, so a large transcript or masked output stre
 - a fold's transcript (SPEC §15.2) is archived with a ``tool_output`` reference owned by the turn (or the
   conversation when there is no turn): it is not released with the turn's provisional blobs, because a stored
   turn-start summary names it for every later turn. Outputs offloaded or persisted before the fold are read back
-  to their originals first (as the UI read-back does), so the transcript holds every output in full.
+  to their originals first (as the UI read-back does), so the transcript holds every output in full. The folded
+  rows' archived URIs are declared as the transcript's members: the blob store keeps them readable while the
+  transcript is in a read's retained context (a summary may quote a folded marker's link).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from typing import Any, Protocol
 import structlog
 from ctxbuild_blobclient import BlobClient, content_ref
 from ctxbuild_codec import assemble
-from ctxbuild_codec.records import offload_of
+from ctxbuild_codec.records import archived_uris, offload_of
 
 from ..domain.transcript import MEDIA_TYPE, needs_full, render_transcript
 
 log = structlog.get_logger("compaction.blobstore")
 CHECKPOINT_ROLE = "provisional"
+MAX_MEMBERS = 10_000  # ctx.blob.put `members` maxItems (a larger list would lose the transcript)
 
 
 class Blobs(content_ref.BlobPort, Protocol):
@@ -61,8 +64,9 @@ class CachedBlobs:
             self._size -= len(old)
 
     async def put(self, content: Any, conversation_id: str, owner: Any, role: str, *,
-                  media_type: str | None = None) -> dict[str, Any]:
-        reply = await self.blobs.put(content, conversation_id, owner, role, media_type=media_type)
+                  media_type: str | None = None, members: Sequence[str] | None = None) -> dict[str, Any]:
+        kw = {"members": list(members)} if members else {}
+        reply = await self.blobs.put(content, conversation_id, owner, role, media_type=media_type, **kw)
         if isinstance(content, bytes):
             self._keep(reply["sha256"], content)
         return reply
@@ -141,8 +145,11 @@ class BlobStore:
         owner = ("turn", turn_id) if turn_id else ("conversation", conversation_id)
         try:
             text = render_transcript(await self.full_rows(rows, conversation_id))
+            # the folded rows' own outputs stay readable while this transcript is retained (SPEC §15.2: a fold
+            # revokes nothing; the summary may quote their links) — server-side membership, not a longer trailer
+            members = archived_uris(rows)[-MAX_MEMBERS:]
             reply = await self.blobs.put(text.encode("utf-8", "replace"), conversation_id, owner,
-                                         "tool_output", media_type=MEDIA_TYPE)
+                                         "tool_output", media_type=MEDIA_TYPE, members=members)
             return str(reply["uri"])
         except Exception as exc:  # noqa: BLE001 - the fold is served without its transcript link
             log.warning("transcript-not-archived", conversation_id=conversation_id,

@@ -54,6 +54,6 @@ class CtxBlobFsReadRequest(ContractModel):
     retained: Annotated[
         retained_1.Retained | None,
         Field(
-            description="the retained context of the history being served (ctx.compact.turn_start `retained`). When present the read is limited to it: a blob is readable only if the conversation references it AND it is one of these archived outputs or attachments, or the turn (`turnId`) references it itself. Set by the server, never from a model's arguments. Absent: every blob the conversation references."
+            description="the retained context of the history being served (ctx.compact.turn_start `retained`). When present the read is limited to it: a blob is readable only if the conversation references it AND it is one of these archived outputs or attachments, or a member of a fold transcript among them (declared by the transcript's put, see ctx.blob.put `members`), or the turn (`turnId`) references it itself. Set by the server, never from a model's arguments. Absent: every blob the conversation references."
         ),
     ] = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from ctxbuild_codec.contract_base import ContractModel
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, RootModel
 
 
 class Owner(ContractModel):
@@ -15,6 +15,12 @@ class Owner(ContractModel):
     )
     kind: Literal["turn", "message", "conversation"]
     id: Annotated[str, Field(max_length=200, min_length=1)]
+
+
+class Member(RootModel[str]):
+    root: Annotated[
+        str, Field(max_length=40, pattern="^context://vfs/vfs_[0-9a-f]{16}\\.txt$")
+    ]
 
 
 class CtxBlobPutRequest(ContractModel):
@@ -35,5 +41,12 @@ class CtxBlobPutRequest(ContractModel):
         Field(
             description="declared content hash: verified, a mismatch is invalid-payload",
             pattern="^[0-9a-f]{64}$",
+        ),
+    ] = None
+    members: Annotated[
+        list[Member] | None,
+        Field(
+            description="a fold transcript's members: the archived-output URIs of the rows it folded. While the transcript is in a read's retained context (fs_read `retained.persistedUris`), these stay readable for the same conversation. Recorded with this reference (idempotent); without it nothing changes.",
+            max_length=10000,
         ),
     ] = None

@@ -25,6 +25,12 @@ class Attachment(ContractModel):
     mediaType: Annotated[str | None, Field(max_length=255, min_length=1)] = None
 
 
+class Member(RootModel[str]):
+    root: Annotated[
+        str, Field(max_length=40, pattern="^context://vfs/vfs_[0-9a-f]{16}\\.txt$")
+    ]
+
+
 class CtxBlobUploadRequest1(ContractModel):
     """
     Chunked put (claim check) for content too large for ctx.blob.put. The serving instance pulls the bytes from the caller's `source` inbox: request {"seq": n, "max": bytes} → reply = the raw chunk (≤ max, and ≤ the caller's own NATS max_payload; the service asks for at most its connection's max_payload), an empty reply ends the stream, a reply with header Ctx-Blob-Error aborts it. Content address = sha256 of all bytes; when `sha256` is declared and the conversation already references that blob, no byte is pulled. Either owner+role (a reference) or attachment (an attachment with a unique handle, owned by the conversation).
@@ -55,6 +61,13 @@ class CtxBlobUploadRequest1(ContractModel):
     ] = None
     size: Annotated[
         int | None, Field(description="declared size in bytes: verified", ge=0)
+    ] = None
+    members: Annotated[
+        list[Member] | None,
+        Field(
+            description="a fold transcript's members: the archived-output URIs of the rows it folded. While the transcript is in a read's retained context (fs_read `retained.persistedUris`), these stay readable for the same conversation. Recorded with this reference (idempotent); without it nothing changes.",
+            max_length=10000,
+        ),
     ] = None
 
 
@@ -88,6 +101,13 @@ class CtxBlobUploadRequest2(ContractModel):
     ] = None
     size: Annotated[
         int | None, Field(description="declared size in bytes: verified", ge=0)
+    ] = None
+    members: Annotated[
+        list[Member] | None,
+        Field(
+            description="a fold transcript's members: the archived-output URIs of the rows it folded. While the transcript is in a read's retained context (fs_read `retained.persistedUris`), these stay readable for the same conversation. Recorded with this reference (idempotent); without it nothing changes.",
+            max_length=10000,
+        ),
     ] = None
 
 
