@@ -35,6 +35,13 @@ Per trajectory (definitions also in the JSON):
 Throughput: 16 concurrent turns (copies of the SWE-agent turn, each in its own conversation; ``--batches`` batches
 one after another) through the stack's single orchestration process (``CTX_MAX_CONCURRENT_TURNS`` 16) → turns/s,
 beside the same turn run one at a time; the pipeline overhead under that load is reported there too.
+Replicas: turns/s of ``--scale-concurrency`` (16) concurrent copies of the same turn through an edge and 1 or 2
+runner replicas (orchestration processes with CTX_ROLE=runner on their own work-queue stream), with 1 or 2
+persistence replicas (a second process in its queue group); the four configurations visited in order and back
+(``--scale-rounds``), one batch per visit, beside CPU seconds per turn by component (runners, edge, persistence,
+Postgres, NATS, each other process), events and WAL bytes per turn, and the CPU an open SSE stream costs per second
+with nothing to send (turns queued with no runner, followed; less the same window unfollowed) — the per-core
+figures docs/scaling.md projects from.
 Kill test: a separate edge and runner replicas on their own work-queue stream (ack wait 3 s); replayed turns
 (≥ 5 model calls) run two at a time while the runner is SIGKILLed ``--kills`` times at a random moment (0–0.6 s)
 after it served a step of a running turn, a new runner started after each; each turn is hit at most 3 times (the
@@ -61,6 +68,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 from ctxbuild_codec import compaction_budget, inflight_threshold
 from ctxbuild_codec.tokens import count_message, count_messages
@@ -88,6 +96,7 @@ from e2e_metrics import (
     untrimmed_steps,
 )
 from httpx_sse import aconnect_sse
+from proc_cpu import delta, snapshot
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +133,9 @@ DEFINITIONS = {
                         "blob offloads, event appends and in-loop compaction",
     "throughput": "turns per second of wall time from the first POST …/turns to the last terminal event of a "
                   "batch of 16 turns submitted at once (batches run one after another, wall times summed)",
+    "scaling": "turns per second of wall time of batches of --scale-concurrency turns submitted at once, with 1 or 2 "
+               "runner replicas and 1 or 2 persistence replicas; cpu_s_per_turn: user+system CPU seconds of each "
+               "component over those batches / turns",
     "requestsWithDuplicateToolCallIds": "served requests in which one tool-call id occurs twice (the runner gives "
                                         "each replayed turn its own call-id prefix, so this should be 0; the "
                                         "orphan metric pairs calls and results in order either way)",
@@ -307,7 +319,7 @@ async def replay_conversation(api: Api, item: dict[str, Any], window: int, progr
         "compactionDecisions": dict(sorted(decisions.items())),
         "orphansInServedRequests": request_orphans,
         "orphansInPersistedHistory": orphan_count(persisted),
-        "requestsWithDuplicateToolCallIds": dup_id_requests,
+    "requestsWithDuplicateToolCallIds": dup_id_requests,
         "requestHashMismatches": hash_mismatches,
         "trimmedResults": trimmed, "recoverable": recovered,
         "recoverableShare": round(recovered / trimmed, 4) if trimmed else None,
@@ -362,6 +374,157 @@ async def throughput(api: Api, traj: Trajectory, window: int, concurrency: int, 
     return {"turn": f"{traj.name} turn 0 ({len(traj.turns[0].script)} model calls), one conversation per turn",
             "concurrency": concurrency, "batches": batches, "concurrent": many, "oneAtATime": alone,
             "speedup_vs_one_at_a_time": round(many["turns_per_s"] / alone["turns_per_s"], 2)}
+
+
+# ---------------------------------------------------------------- replicas: turns/s with 1 and 2 runners, persistence
+
+SCALE_QUEUE = {"CTX_TURNS_STREAM": "CTX_TURNS_BENCH_SCALE", "CTX_TURNS_SUBJECT": "ctx.turn.run_bench_scale",
+               "CTX_TURNS_CONSUMER": "bench-scale-runner"}
+SCALE_CONFIGS = [(1, 1), (2, 1), (2, 2), (1, 2)]  # (runner replicas, persistence replicas): one start/stop per move
+
+
+class Replicas:
+    """An edge and runner replicas on their own work-queue stream (the stack's own orchestration process stays
+    off it), plus extra persistence replicas in the service's queue group; grown and shrunk between batches."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.runners: list[Replica] = []
+        self.persistence: list[Replica] = []
+        self.started = 0
+
+    async def _start(self, service: str, name: str, **env: str) -> Replica:
+        self.started += 1
+        r = Replica(self.stack, service, f"{name}-{self.started}", **env)
+        return await asyncio.to_thread(r.wait_ready, 90)
+
+    async def open(self) -> Api:
+        self.edge = await self._start("orchestration", "bench-scale-edge", CTX_ROLE="edge", **SCALE_QUEUE)
+        return Api(self.edge.url, self.stack.env["CTX_API_KEY"])
+
+    async def resize(self, runners: int, persistence: int) -> None:
+        while len(self.runners) < runners:
+            self.runners.append(await self._start("orchestration", "bench-scale-runner", CTX_ROLE="runner",
+                                                  **SCALE_QUEUE))
+        while len(self.runners) > runners:
+            await asyncio.to_thread(self.runners.pop().stop)
+        while 1 + len(self.persistence) < persistence:
+            self.persistence.append(await self._start("persistence", "bench-scale-persistence"))
+        while 1 + len(self.persistence) > persistence:
+            await asyncio.to_thread(self.persistence.pop().stop)
+
+    def cpu_groups(self) -> dict[str, list[int]]:
+        """Where the cores go, by component: the runners, the edge, persistence (all replicas), and each other
+        process of the stack by name (its own orchestration process sits idle, off this work queue)."""
+        groups = {name: [info["pid"]] for name, info in self.stack.procs.items()}
+        groups["persistence"] += [r.proc.pid for r in self.persistence]
+        groups["orchestration_idle"] = groups.pop("orchestration")
+        return {"runners": [r.proc.pid for r in self.runners], "edge": [self.edge.proc.pid], **groups}
+
+    async def close(self) -> None:
+        await self.resize(0, 1)
+        await asyncio.to_thread(self.edge.stop)
+
+
+async def db_marks(db: asyncpg.Connection) -> tuple[int, int]:
+    """The last event position and the WAL insert position in bytes (every database of the stack: events, blob
+    metadata)."""
+    row = await db.fetchrow("SELECT (SELECT coalesce(max(position), 0) FROM persistence.events) AS pos, "
+                            "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS wal")
+    return int(row["pos"]), int(row["wal"])
+
+
+async def follow_cost(api: Api, reps: Replicas, traj: Trajectory, window: int, n: int, seconds: float = 8.0
+                      ) -> dict[str, Any]:
+    """CPU per followed turn per second while nothing happens: ``n`` turns queued with no runner, each followed
+    over SSE as a front end does, for ``seconds`` (the edge reads the turn's stream on a timer between wake-ups),
+    less the same window with nobody following (the services' own pollers); then a runner is started and the
+    turns complete."""
+    await reps.resize(0, 1)
+    cids = [await api.conversation(f"follow {i}", {"contextWindow": window}) for i in range(n)]
+    spec, script = traj.replay_spec(0), traj.turns[0].script
+    tids = await asyncio.gather(*(api.start_turn(c, traj.turns[0].text, spec, len(script)) for c in cids))
+    groups = reps.cpu_groups()
+    c0 = snapshot(groups)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    idle, idle_wall = delta(c0, snapshot(groups)), time.perf_counter() - t0
+    followers = [asyncio.ensure_future(api.wait(c, t, timeout=seconds + 4)) for c, t in zip(cids, tids, strict=True)]
+    await asyncio.sleep(2)  # connected and authenticated (an API key's first check is an argon2 hash): not counted
+    c0 = snapshot(groups)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - t0
+    used = delta(c0, snapshot(groups))
+    ended = await asyncio.gather(*followers, return_exceptions=True)
+    if not all(isinstance(e, TimeoutError) for e in ended):
+        raise RuntimeError(f"a followed turn ended with no runner: {ended}")
+    await reps.resize(1, 1)
+    await asyncio.gather(*(api.wait(c, t) for c, t in zip(cids, tids, strict=True)))
+    net = {k: (used[k] - idle[k] * wall / idle_wall) / (n * wall) * 1000 for k in used}
+    return {"turns": n, "seconds": round(wall, 2),
+            "cpu_ms_per_followed_turn_second": {k: round(v, 3) for k, v in net.items() if abs(v) >= 0.05},
+            "cpu_ms_per_followed_turn_second_total": round(sum(net.values()), 3),
+            "idle_cpu_cores": round(sum(idle.values()) / idle_wall, 3),
+            "how": "turns queued with no runner, each followed over GET …/turns/{id}/events for the window: the "
+                   "CPU spent per open SSE stream per second with no event to send, less the same window with no "
+                   "follower (idle_cpu_cores: the services' own pollers)"}
+
+
+async def scaling(stack: Stack, traj: Trajectory, window: int, concurrency: int, rounds: int, progress: Progress,
+                  task: Any) -> dict[str, Any]:
+    """turns/s of ``concurrency`` concurrent copies of one replayed turn with each (runners, persistence) replica
+    count; the configurations visited in order and back again each round (drift hits them alike), one batch per
+    visit; CPU seconds per turn by component and events appended per turn over the same batches."""
+    reps = Replicas(stack)
+    api = await reps.open()
+    db = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    per: dict[tuple[int, int], dict[str, Any]] = {c: {"batches": [], "cpu": {}, "events": 0, "wal": 0}
+                                                  for c in SCALE_CONFIGS}
+    try:
+        await reps.resize(1, 1)
+        await run_batch(api, traj, 0, 4, window)  # warm-up: the runner's first turns, prepared statements
+        for r in range(rounds):
+            for cfg in SCALE_CONFIGS if r % 2 == 0 else SCALE_CONFIGS[::-1]:
+                await reps.resize(*cfg)
+                await asyncio.sleep(1)  # a new replica's consumers and pollers settle
+                groups = reps.cpu_groups()
+                c0, (e0, w0) = snapshot(groups), await db_marks(db)
+                batch = await run_batch(api, traj, 0, concurrency, window)
+                used = delta(c0, snapshot(groups))
+                e1, w1 = await db_marks(db)
+                per[cfg]["events"] += e1 - e0
+                per[cfg]["wal"] += w1 - w0
+                per[cfg]["batches"].append(batch)
+                for k, v in used.items():
+                    per[cfg]["cpu"][k] = per[cfg]["cpu"].get(k, 0.0) + v
+                progress.advance(task)
+        follow = await follow_cost(api, reps, traj, window, concurrency)
+    finally:
+        await db.close()
+        await api.aclose()
+        await reps.close()
+    out: dict[str, Any] = {}
+    for (runners, persistence), d in per.items():
+        rate = rates(d["batches"])
+        turns = rate["turns"]
+        out[f"runners_{runners}_persistence_{persistence}"] = {
+            "runners": runners, "persistence": persistence, **rate,
+            "events_per_turn": round(d["events"] / turns, 1), "events_per_s": round(d["events"] / rate["wall_s"], 1),
+            "wal_bytes_per_turn": round(d["wal"] / turns),
+            "cpu_s_per_turn": {k: round(v / turns, 4) for k, v in d["cpu"].items()},
+            "cpu_s_per_turn_total": round(sum(d["cpu"].values()) / turns, 4),
+            "cores_busy": round(sum(d["cpu"].values()) / rate["wall_s"], 2),
+        }
+    base = out["runners_1_persistence_1"]["turns_per_s"]
+    return {"turn": f"{traj.name} turn 0 ({len(traj.turns[0].script)} model calls), one conversation per turn",
+            "concurrency": concurrency, "rounds": rounds, "configs": out, "sse_follow": follow,
+            "speedup_vs_1_1": {k: round(v["turns_per_s"] / base, 3) for k, v in out.items()},
+            "how": "an edge and 1 or 2 runner replicas on their own work-queue stream, 1 or 2 persistence "
+                   f"replicas; each visit of a configuration runs one batch of {concurrency} turns submitted at "
+                   "once; turns/s = turns / summed wall time; CPU = psutil user+system seconds of each component "
+                   "over the batches (the bench process itself — HTTP, SSE — not counted); events = persistence.events "
+                   "positions appended over the batches"}
 
 
 # ---------------------------------------------------------------- the kill test
@@ -571,6 +734,10 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
                 t_tp = progress.add_task("throughput (batches)", total=args.sequential + args.batches)
                 out["throughput"] = await throughput(api, load_trajectory(SWE), args.window, args.concurrency,
                                                      args.batches, args.sequential, progress, t_tp)
+            if "scaling" in args.phases:
+                t_sc = progress.add_task("replicas (batches)", total=args.scale_rounds * len(SCALE_CONFIGS))
+                out["scaling"] = await scaling(stack, load_trajectory(SWE), args.window, args.scale_concurrency,
+                                               args.scale_rounds, progress, t_sc)
             if "kill" in args.phases:
                 t_kill = progress.add_task("kill test (mid-turn kills)", total=args.kills)
                 out["killTest"] = await kill_test(stack, args.kills, args.window, args.seed, progress, t_kill)
@@ -593,8 +760,11 @@ def main() -> None:
     ap.add_argument("--sequential", type=int, default=4, help="turns run one at a time, for comparison")
     ap.add_argument("--kills", type=int, default=10, help="mid-turn SIGKILLs of the runner in the kill test")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--phases", nargs="+", default=["replay", "throughput", "kill"],
-                    choices=["replay", "throughput", "kill"], help="run only these parts (development)")
+    ap.add_argument("--scale-concurrency", type=int, default=16,
+                    help="turns submitted at once per batch with 1/2 runner and 1/2 persistence replicas")
+    ap.add_argument("--scale-rounds", type=int, default=2, help="visits of each replica configuration")
+    ap.add_argument("--phases", nargs="+", default=["replay", "throughput", "scaling", "kill"],
+                    choices=["replay", "throughput", "scaling", "kill"], help="run only these parts (development)")
     ap.add_argument("--only", nargs="*", help="replay only these trajectory labels (development)")
     args = ap.parse_args()
     head = {"benchmark": "e2e", "definitions": DEFINITIONS}
@@ -622,6 +792,8 @@ def main() -> None:
         "turns_per_s_16_concurrent": tp.get("concurrent", {}).get("turns_per_s"),
         "turns_per_s_one_at_a_time": tp.get("oneAtATime", {}).get("turns_per_s"),
         "kills": k.get("kills"), "killTestAllCompletedOnce": k.get("allCompletedOnce"),
+        **{f"turns_per_s_{name}": c["turns_per_s"]
+           for name, c in result.get("scaling", {}).get("configs", {}).items()},
     }
     write(args.out, result)
     print(json.dumps({"headline": result["headline"], "trajectories": {

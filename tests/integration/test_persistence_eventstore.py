@@ -1,6 +1,7 @@
 """Event store semantics under concurrency, on the real service (NATS request/reply → Postgres): optimistic
-concurrency (exactly one winner per version), idempotency by event id, a gap-free global order, and the trace
-context carried by every event."""
+concurrency (exactly one winner per version), idempotency by event id, a global order that a reader follows
+without skipping or repeating an event — a transaction that commits late included —, and the trace context
+carried by every event."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 
-from tests.support.persistence import append, event, new_id, read_all_until
+from tests.support.persistence import append, event, new_id, read_all_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -94,14 +95,15 @@ async def test_duplicate_ids_under_concurrency_are_stored_once(persistence, rpc)
     assert len({e["eventId"] for e in got["events"]}) == 6
 
 
-async def test_global_order_is_gap_free_while_many_streams_append(persistence, rpc, stack):
-    """Readers page through read_all while 40 writers append: every page continues the cursor exactly, so a
-    consumer tracking its last position never skips an event that commits later."""
+async def test_readers_see_every_event_once_in_one_order_while_many_streams_append(persistence, rpc, stack):
+    """Readers page through read_all while 40 writers append (no global lock: positions are taken and committed
+    out of order): each reader sees every event exactly once, and all readers see the same order."""
     import asyncpg
 
     conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    try:
-        head = await conn.fetchval("SELECT coalesce(max(position), 0) FROM persistence.events")
+    try:  # the last event of the log as it is now: the readers start after it
+        head = await conn.fetchval("SELECT coalesce((SELECT position FROM persistence.events "
+                                   "ORDER BY tx DESC, position DESC LIMIT 1), 0)")
     finally:
         await conn.close()
     done = asyncio.Event()
@@ -110,19 +112,63 @@ async def test_global_order_is_gap_free_while_many_streams_append(persistence, r
         out = []
         stream = f"test:{new_id()}"
         for k in range(5):
-            out += (await append(rpc, stream, [event("ThingHappened", {"i": i, "k": k, "pad": "x" * 200})]
-                                 * 1, expected=k))["positions"]
+            out += (await append(rpc, stream, [event("ThingHappened", {"i": i, "k": k, "pad": "x" * 200})],
+                                 expected=k))["positions"]
         return out
 
-    readers = [asyncio.create_task(read_all_until(rpc, head, done, limit=200)) for _ in range(3)]
-    written = await asyncio.gather(*(writer(i) for i in range(40)))
+    written: list[list[int]] = []
+    readers = [asyncio.create_task(read_all_until(rpc, head, done, limit=200,
+                                                  expect=lambda: {p for ps in written for p in ps}))
+               for _ in range(3)]
+    written += await asyncio.gather(*(writer(i) for i in range(40)))
     done.set()
     pages = await asyncio.wait_for(asyncio.gather(*readers), 60)
-    assert [gap for _, gaps in pages for gap in gaps] == []
-    seen = [p for positions, _ in pages for p in positions]
-    mine = sorted(p for ps in written for p in ps)
-    assert mine == list(range(mine[0], mine[0] + 200))  # 200 appends, 200 consecutive positions
-    assert set(mine) <= set(seen)
+    assert [r for _, repeats in pages for r in repeats] == []
+    mine = {p for ps in written for p in ps}
+    assert len(mine) == 200
+    orders = [[p for p in seen if p in mine] for seen, _ in pages]
+    assert all(set(o) == mine for o in orders)  # nobody skipped one
+    assert orders[0] == orders[1] == orders[2]  # one order for everyone
+    for ps in written:  # a stream's events in version order within the global order
+        assert sorted(ps, key=orders[0].index) == ps
+
+
+async def test_a_late_commit_is_not_skipped_and_holds_readers_back(persistence, rpc, stack):
+    """A transaction takes a position, then commits after later appends have committed (a slow writer). A reader
+    following the log never skips it: while it is open, the log stops before it (later commits wait behind it —
+    the price of reading without a global write lock); once it commits, its event and everything after it come,
+    each once."""
+    import asyncpg
+
+    url = stack.env["CTX_DATABASE_URL"]
+    start = (await append(rpc, f"test:{new_id()}", [event("ThingHappened", {"start": True})]))["positions"][0]
+    slow = await asyncpg.connect(url)
+    late_stream, late_id = f"test:{new_id()}", uuid.uuid4()
+    try:
+        tx = slow.transaction()
+        await tx.start()
+        late = await slow.fetchval(
+            "WITH ins AS (INSERT INTO persistence.events (stream_id, version, event_id, type, data) "
+            "VALUES ($1, 1, $2, 'ThingHappened', '{\"late\":true}') RETURNING position) "
+            "INSERT INTO persistence.outbox (position) SELECT position FROM ins RETURNING position",
+            late_stream, late_id)
+        after = [(await append(rpc, f"test:{new_id()}", [event("ThingHappened", {"k": k})]))["positions"][0]
+                 for k in range(5)]
+        assert min(after) > late  # committed before it, with higher positions
+        held = await rpc.call("ctx.persist.read_all", {"afterPosition": start, "limit": 1000})
+        assert held["events"] == [] and held["nextPosition"] == start and not held["more"]
+        await tx.commit()
+    finally:
+        await slow.close()
+    async def caught_up():  # at once, unless another transaction (the relay's, the projector's) is still open
+        page = await rpc.call("ctx.persist.read_all", {"afterPosition": start, "limit": 1000})
+        return page if {late, *after} <= {e["position"] for e in page["events"]} else None
+
+    page = await wait_until(caught_up, timeout=15, what="the late event and the later ones readable")
+    got = [e["position"] for e in page["events"]]
+    assert got[:1] == [late] and set(after) <= set(got[1:]) and len(got) == len(set(got))
+    rest = await rpc.call("ctx.persist.read_all", {"afterPosition": page["nextPosition"], "limit": 1000})
+    assert not {e["position"] for e in rest["events"]} & set(got)  # nothing comes twice
 
 
 async def test_the_trace_of_the_caller_is_stored_with_every_event(persistence, stack):
@@ -164,3 +210,41 @@ async def test_the_trace_of_the_caller_is_stored_with_every_event(persistence, s
         assert json.loads(msg.data)["position"] == res["positions"][1]
     finally:
         await broker.stop()
+
+
+async def test_grouped_appends_each_get_their_own_answer(stack):
+    """Appends that arrive together are written in one statement; one of them repeating stored ids or expecting
+    the wrong version must neither fail nor hold up the others, and each gets the answer it would get alone."""
+    from ctxbuild_persistence.adapters.db import Database, migrate
+    from ctxbuild_persistence.adapters.event_store import EventStore
+    from ctxbuild_persistence.domain.append import NewEvent
+
+    url = stack.env["CTX_DATABASE_URL"]
+    await asyncio.to_thread(migrate, url)
+    db = Database(url, min_size=1, max_size=4)
+    await db.connect()
+    try:
+        store = EventStore(db)
+        a, b, c, d = (f"test:{new_id()}" for _ in range(4))
+        stored = [NewEvent(new_id(), "ThingHappened", {"k": k}) for k in range(2)]
+        await store.append(b, 0, stored)
+        await store.append(c, 0, [NewEvent(new_id(), "ThingHappened", {})])
+        results = await asyncio.gather(
+            store.append(a, 0, [NewEvent(new_id(), "ThingHappened", {"a": k}) for k in range(3)]),
+            store.append(b, 0, stored),  # a retry of an acknowledged append
+            store.append(c, 0, [NewEvent(new_id(), "ThingHappened", {})]),  # stale version
+            store.append(d, None, [NewEvent(new_id(), "ThingHappened", {})]),
+            store.append(a, 3, [NewEvent(new_id(), "ThingHappened", {"a": 3})]),  # the same stream: next group
+            return_exceptions=True)
+        ra, rb, rc, rd, ra2 = results
+        assert (ra["fromVersion"], ra["toVersion"], ra["duplicates"]) == (1, 3, 0)
+        assert rb["duplicates"] == 2 and (rb["fromVersion"], rb["toVersion"]) == (1, 2)
+        assert isinstance(rc, Exception) and getattr(rc, "code", None) == "version-conflict", rc
+        assert (rd["fromVersion"], rd["duplicates"]) == (1, 0)
+        assert (ra2["fromVersion"], ra2["toVersion"]) == (4, 4)
+        async with db.pool.acquire() as conn:
+            versions = await conn.fetch("SELECT stream_id, count(*) AS n, max(version) AS v FROM persistence.events "
+                                        "WHERE stream_id = ANY($1) GROUP BY stream_id", [a, b, c, d])
+        assert {r["stream_id"]: (r["n"], r["v"]) for r in versions} == {a: (4, 4), b: (2, 2), c: (1, 1), d: (1, 1)}
+    finally:
+        await db.close()

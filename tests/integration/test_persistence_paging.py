@@ -78,7 +78,7 @@ async def test_read_all_pages_by_bytes(persistence, rpc):
         page = await rpc.call("ctx.persist.read_all", {"afterPosition": cursor, "maxBytes": 200_000})
         assert page["events"] and wire_size(page) < 200_000 + 4096
         mine += [e["eventId"] for e in page["events"] if e["streamId"] == stream]
-        assert page["nextPosition"] == page["events"][-1]["position"] > cursor
+        assert page["nextPosition"] == page["events"][-1]["position"] != cursor
         cursor = page["nextPosition"]
         if not page["more"]:
             break

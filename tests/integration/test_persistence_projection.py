@@ -48,14 +48,16 @@ async def caught_up(db_url: str, timeout: float = 15.0) -> int:
     conn = await asyncpg.connect(db_url)
     try:
         deadline = time.monotonic() + timeout
-        while True:
-            head = await conn.fetchval("SELECT coalesce(max(position), 0) FROM persistence.events")
-            pos = await conn.fetchval("SELECT position FROM persistence.projection_tracking "
-                                      "WHERE name = 'conversation'")
-            if pos >= head:
+        while True:  # the log's order is (tx, position): caught up = the tracked event is the last in that order
+            pos, done = await conn.fetchrow(
+                "SELECT t.position, coalesce((e.tx, e.position) >= (SELECT tx, position FROM persistence.events "
+                "ORDER BY tx DESC, position DESC LIMIT 1), NOT EXISTS (SELECT 1 FROM persistence.events)) "
+                "FROM persistence.projection_tracking t LEFT JOIN persistence.events e ON e.position = t.position "
+                "WHERE t.name = 'conversation'")
+            if done:
                 return pos
             if time.monotonic() > deadline:
-                raise AssertionError(f"projection stuck at {pos}, log at {head}")
+                raise AssertionError(f"projection stuck at {pos}")
             await asyncio.sleep(0.05)
     finally:
         await conn.close()
@@ -215,8 +217,11 @@ async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, st
                 break
         assert other.events_applied > 0  # it really took part
         async with db.pool.acquire() as conn:
-            first = await conn.fetchval("SELECT min(position) - 1 FROM persistence.events "
-                                        "WHERE stream_id = $1", f"conversation:{cids[0]}")
+            # the event just before the stream's first one in the log
+            first = await conn.fetchval(
+                "SELECT coalesce((SELECT position FROM persistence.events WHERE (tx, position) < "
+                "(SELECT tx, position FROM persistence.events WHERE stream_id = $1 AND version = 1) "
+                "ORDER BY tx DESC, position DESC LIMIT 1), 0)", f"conversation:{cids[0]}")
             capped = await read_events(conn, first, 100, max_bytes=1)
             assert len(capped) == 1 and capped[0].data is not None  # one event at least, then the byte cap
             assert len(await read_events(conn, first, 100, max_bytes=10_000)) > 1

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
-from ctxbuild_persistence.adapters.event_store import APPEND_LOCK
 from ctxbuild_platform.errors import RemoteError
 from security_support import start_all, stream_version
 
@@ -357,9 +356,8 @@ async def test_persistence_refuses_at_append_what_it_could_never_project(base, r
 
 
 async def insert_behind_the_service(pg, stream: str, type_: str, data_json: str) -> int:
-    """An event as an older (unchecked) writer stored it: same lock, same outbox row, no validation."""
+    """An event as an older (unchecked) writer stored it: same outbox row, no validation."""
     async with pg.transaction():
-        await pg.execute(f"SELECT pg_advisory_xact_lock({APPEND_LOCK})")
         position = await pg.fetchval(
             "INSERT INTO persistence.events (stream_id, version, event_id, type, data) VALUES ($1, 1, $2, $3, "
             "$4::json) RETURNING position", stream, uuid.uuid4(), type_, data_json)
@@ -369,8 +367,11 @@ async def insert_behind_the_service(pg, stream: str, type_: str, data_json: str)
 
 async def projection_at(pg, position: int) -> None:
     for _ in range(600):  # the projector polls every second when idle; a batch is milliseconds
-        if await pg.fetchval("SELECT position FROM persistence.projection_tracking WHERE name = 'conversation'") \
-                >= position:
+        # the log's order is (writing transaction, position): the projector is past the event when its cursor is
+        if await pg.fetchval(
+                "SELECT (c.tx, c.position) >= (e.tx, e.position) FROM persistence.projection_tracking t "
+                "JOIN persistence.events c ON c.position = t.position, persistence.events e "
+                "WHERE t.name = 'conversation' AND e.position = $1", position):
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the projection never reached position {position}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable, Collection
 
 
 def new_id() -> str:
@@ -33,21 +34,30 @@ async def wait_until(predicate, timeout: float = 15.0, what: str = "condition", 
         await asyncio.sleep(interval)
 
 
-async def read_all_until(rpc, after: int, done: asyncio.Event, limit: int) -> tuple[list[int], list]:
-    """Pages ``ctx.persist.read_all`` from position ``after`` while appends commit, until ``done`` is set and a page
-    comes back empty. Returns the positions seen and the pages that did not continue the cursor exactly
-    (``(cursor, positions)``: a consumer tracking its last position would have skipped an event)."""
+async def read_all_until(rpc, after: int, done: asyncio.Event, limit: int,
+                         expect: Callable[[], Collection[int]] = frozenset, patience_s: float = 30.0,
+                         ) -> tuple[list[int], list[int]]:
+    """Pages ``ctx.persist.read_all`` from the event at position ``after`` while appends commit, until ``done`` is
+    set and a page comes back empty — and every position of ``expect()`` was seen, or ``patience_s`` passed since
+    ``done`` (the log stops before a transaction still running, e.g. the relay's: an empty page is not the end).
+    Returns the positions in the order seen and those seen more than once (a consumer following ``nextPosition``
+    must see each event once; positions need not increase along the log)."""
     seen: list[int] = []
-    gaps: list[tuple[int, list[int]]] = []
+    deadline: float | None = None
+    known: set[int] = set()
+    repeats: list[int] = []
     cursor = after
     while True:
         finished = done.is_set()
         page = await rpc.call("ctx.persist.read_all", {"afterPosition": cursor, "limit": limit})
         positions = [x["position"] for x in page["events"]]
-        if positions != list(range(cursor + 1, cursor + 1 + len(positions))):
-            gaps.append((cursor, positions))
+        repeats += [p for p in positions if p in known]
+        known.update(positions)
         seen.extend(positions)
-        cursor = page["lastPosition"]
-        if finished and not positions:
-            return seen, gaps
-        await asyncio.sleep(0)
+        assert page["nextPosition"] == (positions[-1] if positions else cursor)
+        cursor = page["nextPosition"]
+        if finished and deadline is None:
+            deadline = time.monotonic() + patience_s
+        if finished and not positions and (known >= set(expect()) or time.monotonic() > deadline):
+            return seen, repeats
+        await asyncio.sleep(0 if positions else 0.01)

@@ -6,7 +6,7 @@ returns the reply model.
 |---------------------------|----------------------------------------------------------------|
 | ``ctx.persist.append``      | append events (expected version, idempotent by event id)     |
 | ``ctx.persist.read_stream`` | a stream's events from a version                              |
-| ``ctx.persist.read_all``    | every stream's events after a global position (gap-free)     |
+| ``ctx.persist.read_all``    | the global log after an event's position, in commit order    |
 | ``ctx.persist.history``     | a conversation's path to an anchor + what compaction needs    |
 | ``ctx.persist.complete_turn`` | the persist lane: trim + offload, then AssistantMessageCompleted |
 """
@@ -45,7 +45,7 @@ def register(broker: NatsBroker, settings: Settings, events: EventLog, history: 
 
     @rpc(broker, "ctx.persist.read_all", queue=QUEUE, max_workers=workers)
     async def read_all(req: PersistReadAllRequest) -> ReadAllReply:
-        """Events of every stream after a global position, in position order; never skips a later commit."""
+        """Events of every stream after the event at a position, in commit order; never skips a later commit."""
         return await events.read_all(req)
 
     @rpc(broker, "ctx.persist.history", queue=QUEUE, max_workers=workers)

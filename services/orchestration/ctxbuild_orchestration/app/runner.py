@@ -76,6 +76,7 @@ SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
 NOTICE_RESULT_MAX_BYTES = 256 * 1024  # a larger gateway answer is read from the events by the waiter
 MAX_ATTEMPTS = 5  # deliveries of one turn before it is failed as poison (a runner crashed on it every time)
+APPEND_BATCH_BYTES = 256 * 1024  # events of one append request (each ≤ 64 KiB): well inside one NATS message
 
 
 def new_id(prefix: str) -> str:
@@ -108,9 +109,27 @@ class TurnStream:
         self.version = version
 
     async def emit(self, type_: str, data: dict[str, Any], *key: Any) -> None:
-        ev = {"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data}
+        await self._append([{"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data}])
+
+    async def emit_many(self, items: list[tuple[str, dict[str, Any], tuple[Any, ...]]]) -> None:
+        """``(type, data, key)`` items in as few appends as fit (one round trip for a step's calls or results):
+        the same event ids and expected versions as one :meth:`emit` each, so a retried or resumed append stores
+        each event once; an append is all or nothing."""
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for type_, data, key in items:
+            n = len(json.dumps(data, ensure_ascii=False))
+            if batch and size + n > APPEND_BATCH_BYTES:
+                await self._append(batch)
+                batch, size = [], 0
+            batch.append({"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data})
+            size += n
+        if batch:
+            await self._append(batch)
+
+    async def _append(self, events: list[dict[str, Any]]) -> None:
         try:
-            reply = await self.backends.append(self.stream, [ev], expected=self.version)
+            reply = await self.backends.append(self.stream, events, expected=self.version)
         except RemoteError as exc:
             if exc.code == "version-conflict":
                 raise await self._why_moved() from exc
@@ -572,18 +591,22 @@ class TurnRunner:
 
     async def _tools(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
                      trunc_settings: dict[str, Any], conversation_id: str) -> None:
-        """Execute the step's calls that have no recorded result, truncate them, record them (one event each)."""
+        """Execute the step's calls that have no recorded result, truncate them, record them (one event each; the
+        step's requests in one append before the first call runs, its results in one append)."""
         rec = st.steps[step]
         todo = [c for c in rec.calls if c["toolCallId"] not in rec.results]
-        results: list[dict[str, Any]] = []
+        requested: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = []
         for call in todo:
             if call["toolCallId"] not in rec.requested:
                 args = await content.small_value(self.backends.blobs, call.get("input") or {}, conversation_id,
                                                  st.turn_id)
-                await ts.emit("ToolCallRequested", {"turnId": st.turn_id, "step": step,
-                                                    "toolCallId": call["toolCallId"], "toolName": call["toolName"],
-                                                    "input": args}, step, call["toolCallId"])
-                rec.requested.add(call["toolCallId"])
+                requested.append(("ToolCallRequested", {"turnId": st.turn_id, "step": step,
+                                                        "toolCallId": call["toolCallId"], "toolName": call["toolName"],
+                                                        "input": args}, (step, call["toolCallId"])))
+        await ts.emit_many(requested)
+        rec.requested.update(data["toolCallId"] for _, data, _ in requested)
+        results: list[dict[str, Any]] = []
+        for call in todo:
             with span("tool", **{"ctx.tool": call["toolName"], "ctx.step": step}):
                 output, effective = await self._execute(conversation_id, st.turn_id, call, box, provider)
             output = storable(output)
@@ -592,6 +615,7 @@ class TurnRunner:
             return
         with span("truncation.step", **{"ctx.step": step}):
             trimmed = await self._truncate(conversation_id, st.turn_id, trunc_settings, results)
+        recorded: list[tuple[str, dict[str, Any], tuple[Any, ...]]] = []
         for part in trimmed:
             output = await content.small_value(self.backends.blobs, part["output"], conversation_id, st.turn_id)
             data = {"turnId": st.turn_id, "step": step, "toolCallId": part["toolCallId"],
@@ -600,7 +624,9 @@ class TurnRunner:
                 data["effectiveToolName"] = part["effectiveToolName"]
             if "offload" in part:
                 data["offload"] = part["offload"]
-            await ts.emit("ToolResultRecorded", data, step, part["toolCallId"])
+            recorded.append(("ToolResultRecorded", data, (step, part["toolCallId"])))
+        await ts.emit_many(recorded)
+        for part in trimmed:
             rec.results[part["toolCallId"]] = part
 
     async def _truncate(self, conversation_id: str, turn_id: str, settings: dict[str, Any],

@@ -1,7 +1,7 @@
 """The tenant's conversations for the inspector's list page.
 
 The API has no listing (a front end keeps its own list); the inspector builds one per edge replica by tailing
-persistence's global log (``ctx.persist.read_all``, gap-free, in commit order) from the last position it read:
+persistence's global log (``ctx.persist.read_all``, in commit order) from the last event it read (``nextPosition``):
 ConversationCreated gives the conversation and its tenant, TurnAdmitted its turns and last activity. A page load
 reads only the events appended since the previous one (the first load on a replica reads the log once). A
 persistence-side index per tenant would be the scalable answer for very large logs.
@@ -42,7 +42,7 @@ class ConversationIndex:
                                            {"afterPosition": self.position, "maxBytes": PAGE_BYTES}, timeout=30)
                 for e in page["events"]:
                     self.apply(e)
-                    self.position = max(self.position, e["position"])
+                self.position = page["nextPosition"]  # positions do not increase along the log: the cursor
                 if not page.get("more") or not page["events"]:
                     return
 

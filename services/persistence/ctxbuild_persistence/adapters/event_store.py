@@ -1,30 +1,51 @@
 """The event store on Postgres (schema ``persistence``): append with optimistic concurrency and idempotency,
-outbox rows in the same transaction, reads by stream and by global position.
+outbox rows in the same transaction, reads by stream and by the global log.
 
-Global order: every append takes one transaction-level advisory lock (``pg_advisory_xact_lock``) before it
-reads the stream version and inserts. Appends are therefore serialized, positions are assigned in commit
-order and a reader paging by position never sees position n+1 before n. Simple and correct; the cost is one
-appender at a time across all streams (fine at this scale — a per-stream lock plus a commit-ordered
-projection/“stable position” watermark is the upgrade path if append throughput ever matters).
+No global append lock. ``position`` (a sequence) identifies an event; the global log is ordered by
+``(tx, position)``, ``tx`` being the id of the transaction that wrote the row (xid8, migration 0005). A log reader
+only takes rows whose ``tx`` is below :data:`VISIBLE_BELOW` — the oldest transaction still running in its snapshot
+— so every transaction that could still add a row before the reader's cursor has ended: a cursor never skips a
+late commit. The price: a long-running transaction anywhere in the database holds log readers back until it
+ends (appends go on). Positions are unique, not gap-free and not increasing along the log.
+
+An append is one statement in most cases (stream version check + events + outbox rows, autocommitted); a unique
+violation (a concurrent writer, a retried id) or a version mismatch falls back to a read-then-insert
+transaction that gives the exact answer (duplicates, ``version-conflict``, ``event-id-conflict``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
-from ctxbuild_platform.errors import Conflict
+from ctxbuild_platform.errors import Conflict, InvalidPayload
 from ctxbuild_platform.postgres import postgres_errors
 
 from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
 from .db import Database
 
-APPEND_LOCK = 0x6374785F61707064  # 'ctx_appd'
+# the commit-order horizon of the statement's snapshot: the oldest transaction still running (the caller's own
+# excluded: a reader's own transaction never writes events), or the snapshot's xmax when none is
+VISIBLE_BELOW = ("(SELECT coalesce((SELECT min(x) FROM pg_snapshot_xip(s) AS x), pg_snapshot_xmax(s)) "
+                 "FROM pg_current_snapshot() AS s)")
+
+
+def cursor_tx(param: str) -> str:
+    """The transaction id of the event at position ``param`` — a log cursor is (tx, position) of the last event
+    read; position 0 is the start. NULL when no event has that position."""
+    return (f"(SELECT CASE WHEN {param}::bigint = 0 THEN '0'::xid8 "
+            f"ELSE (SELECT tx FROM persistence.events WHERE position = {param}::bigint) END)")
+
+
+FAST_PATH_VERSIONS = 2**31 - 1  # expected versions the one-statement path can bind (integer column)
+SLOW_PATH_ATTEMPTS = 5
 
 
 def dumps(value: Any) -> str:
@@ -45,7 +66,7 @@ async def db_errors() -> AsyncIterator[None]:
         async with postgres_errors("postgres"):
             yield
     except asyncpg.UniqueViolationError as exc:
-        # the lock makes this unreachable for well-behaved writers; a backstop, never a silent overwrite
+        # a concurrent writer won every retry of the append (see EventStore.append); never a silent overwrite
         raise Conflict(f"concurrent append: {exc.constraint_name or exc}", retryable=True) from exc
 
 
@@ -86,45 +107,166 @@ _PAGE_STREAM = (
     "    SELECT position, version, size_bytes, row_number() OVER (ORDER BY version) AS n "
     "    FROM persistence.events WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3) c"
     ") w JOIN persistence.events e USING (position) WHERE w.n = 1 OR w.upto <= $4 ORDER BY e.version")
+# The log after a cursor, in (tx, position) order, below the visibility horizon; one row even for an empty page
+# (``known``: the cursor names an event).
 _PAGE_ALL = (
-    "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
-    "e.metadata::text AS metadata, e.recorded_at, w.more FROM ("
-    "  SELECT position, n, upto, "
-    "         (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) AS more FROM ("
-    "    SELECT position, n, sum(size_bytes) OVER (ORDER BY position) AS upto FROM ("
-    "      SELECT position, size_bytes, row_number() OVER (ORDER BY position) AS n "
-    "      FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2 + 1) c) s"
-    ") w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2 "
-    "ORDER BY e.position")
+    "WITH c AS (SELECT " + cursor_tx("$1") + " AS tx, " + VISIBLE_BELOW + " AS below) "
+    "SELECT c.tx IS NOT NULL AS known, p.* FROM c LEFT JOIN LATERAL ("
+    "  SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "         e.metadata::text AS metadata, e.recorded_at, w.more, w.n FROM ("
+    "    SELECT position, n, upto, "
+    "           (count(*) OVER () > count(*) FILTER (WHERE (n = 1 OR upto <= $3) AND n <= $2) OVER ()) AS more "
+    "    FROM (SELECT position, n, sum(size_bytes) OVER (ORDER BY n) AS upto FROM ("
+    "      SELECT position, size_bytes, row_number() OVER (ORDER BY tx, position) AS n "
+    "      FROM persistence.events WHERE (tx, position) > (c.tx, $1) AND tx < c.below "
+    "      ORDER BY tx, position LIMIT $2 + 1) r) s"
+    "  ) w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2"
+    ") p ON true ORDER BY p.n")
+
+# The one-statement append of a group of requests, each on its own stream: each stream's version, then — for the
+# requests whose version is the expected one ($2: NULL = any) — their events (versions in request order) and
+# outbox rows. Rows per request (i = its 1-based index): one per inserted event, or one with a NULL position
+# when its version did not match.
+_GROUP_APPEND = (
+    "WITH cur AS ("
+    "  SELECT r.i, r.stream_id, r.expected, (SELECT coalesce(max(e.version), 0) FROM persistence.events e "
+    "                                        WHERE e.stream_id = r.stream_id) AS v "
+    "  FROM unnest($1::text[], $2::integer[]) WITH ORDINALITY AS r(stream_id, expected, i)), "
+    "ins AS ("
+    "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
+    "  SELECT cur.stream_id, cur.v + x.k, x.id, x.t, x.d::json, x.m::json "
+    "  FROM unnest($3::integer[], $4::integer[], $5::uuid[], $6::text[], $7::text[], $8::text[]) "
+    "       WITH ORDINALITY AS x(i, k, id, t, d, m, ord) "
+    "  JOIN cur ON cur.i = x.i AND (cur.expected IS NULL OR cur.v = cur.expected) "
+    "  ORDER BY x.ord "
+    "  RETURNING position, stream_id, version), "
+    "ob AS (INSERT INTO persistence.outbox (position) SELECT position FROM ins) "
+    "SELECT cur.i, cur.v AS current, ins.position FROM cur LEFT JOIN ins ON ins.stream_id = cur.stream_id "
+    "ORDER BY cur.i, ins.version")
+GROUP_MAX_REQUESTS = 64
+GROUP_MAX_EVENTS = 2000
+
+
+@dataclass
+class _Pending:
+    stream_id: str
+    expected_version: int | None
+    events: list[NewEvent]
+    done: asyncio.Future
 
 
 class EventStore:
+    """Appends that arrive while one is being written are written together, in one statement and one commit
+    (group commit: concurrent appends cost one round trip and one WAL flush between them, not one each); an
+    append alone is written at once."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._queue: list[_Pending] = []
+        self._writer: asyncio.Task | None = None
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
-        """Four round trips: BEGIN + lock, one read (stream version + stored ids), one write (events + outbox
-        rows in one statement), COMMIT."""
+        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`). One statement (grouped with
+        concurrent appends) when the request is new and the version matches; otherwise the exact answer from
+        :meth:`_append_checked`."""
+        if expected_version is None or 0 <= expected_version <= FAST_PATH_VERSIONS:
+            p = _Pending(stream_id, expected_version, events, asyncio.get_running_loop().create_future())
+            self._queue.append(p)
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._write_groups(), name="event-store-group-append")
+            async with db_errors():
+                result = await p.done
+            if result is not None:
+                return result
+        for _ in range(SLOW_PATH_ATTEMPTS):
+            result = await self._append_checked(stream_id, expected_version, events)
+            if result is not None:
+                return result
+        raise Conflict(f"concurrent appends to {stream_id!r} kept winning; retry", retryable=True,
+                       details={"streamId": stream_id})
+
+    async def _write_groups(self) -> None:
+        """Until the queue is empty: take a group (one request per stream — a second one for a stream waits for
+        the next group, so versions are read after the first is written), write it, answer each request."""
+        while self._queue:
+            group: list[_Pending] = []
+            rest: list[_Pending] = []
+            streams: set[str] = set()
+            n_events = 0
+            for p in self._queue:
+                if p.stream_id in streams or len(group) >= GROUP_MAX_REQUESTS or (
+                        group and n_events + len(p.events) > GROUP_MAX_EVENTS):
+                    rest.append(p)
+                else:
+                    group.append(p)
+                    streams.add(p.stream_id)
+                    n_events += len(p.events)
+            self._queue = rest
+            try:
+                results = await self._append_group(group)
+            except asyncio.CancelledError:  # shutting down: nobody is left to write the queue
+                for p in group + self._queue:
+                    if not p.done.done():
+                        p.done.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the failure; the loop goes on
+                for p in group:
+                    if not p.done.done():
+                        p.done.set_exception(exc)
+                continue
+            for p, result in zip(group, results, strict=True):
+                if not p.done.done():
+                    p.done.set_result(result)
+
+    async def _append_group(self, group: list[_Pending]) -> list[dict[str, Any] | None]:
+        """One statement for the group; per request its reply, or None when it needs the checked path (its version
+        did not match, or the statement hit a unique constraint: an id already stored, a concurrent writer)."""
+        evs = [(i, k, e) for i, p in enumerate(group, 1) for k, e in enumerate(p.events, 1)]
+        async with self.db.pool.acquire() as conn:
+            try:
+                rows = await conn.fetch(
+                    _GROUP_APPEND, [p.stream_id for p in group], [p.expected_version for p in group],
+                    [i for i, _, _ in evs], [k for _, k, _ in evs], [uuid.UUID(e.event_id) for _, _, e in evs],
+                    [e.type for _, _, e in evs], [dumps(e.data) for _, _, e in evs],
+                    [dumps(e.metadata) for _, _, e in evs])
+            except asyncpg.UniqueViolationError:
+                if len(group) == 1:
+                    return [None]
+                failed = True  # one request's conflict must not send the others down the checked path
+            else:
+                failed = False
+        if failed:
+            return [(await self._append_group([p]))[0] for p in group]
+        by_request: dict[int, list[asyncpg.Record]] = {}
+        for r in rows:
+            by_request.setdefault(r["i"], []).append(r)
+        out: list[dict[str, Any] | None] = []
+        for i, p in enumerate(group, 1):
+            mine = by_request[i]
+            if mine[0]["position"] is None:
+                out.append(None)
+                continue
+            plan = plan_append(p.stream_id, p.expected_version, p.events, mine[0]["current"], {})
+            out.append(plan.result([r["position"] for r in mine]))
+        return out
+
+    async def _append_checked(self, stream_id: str, expected_version: int | None,
+                              events: list[NewEvent]) -> dict[str, Any] | None:
+        """Read the stream version and which ids are stored, plan (duplicates, version check), insert — in one
+        transaction. None when a writer raced it (a unique constraint failed: the next read sees that writer's
+        events, so the caller's retry decides again)."""
         ids = [uuid.UUID(e.event_id) for e in events]
         async with db_errors(), self.db.pool.acquire() as conn:
-            # BEGIN and the lock in one simple-protocol round trip; the read below is a new statement, so its
-            # snapshot is taken after the lock is held (READ COMMITTED) and sees every earlier append
-            await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({APPEND_LOCK})")
             try:
-                rows = await conn.fetch(_STATE, stream_id, ids)
-                current = rows[0]["current"]
-                existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
-                            for r in rows if r["event_id"] is not None}
-                plan = plan_append(stream_id, expected_version, events, current, existing)
-                positions = await self._insert(conn, plan)
-                await conn.execute("COMMIT")
-            except BaseException:
-                if not conn.is_closed():
-                    try:
-                        await conn.execute("ROLLBACK")
-                    except Exception:  # noqa: BLE001 - the connection is broken; the pool discards it
-                        conn.terminate()
-                raise
+                async with conn.transaction():
+                    rows = await conn.fetch(_STATE, stream_id, ids)
+                    current = rows[0]["current"]
+                    existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
+                                for r in rows if r["event_id"] is not None}
+                    plan = plan_append(stream_id, expected_version, events, current, existing)
+                    positions = await self._insert(conn, plan)
+            except asyncpg.UniqueViolationError:
+                return None
         return plan.result(positions)
 
     @staticmethod
@@ -165,10 +307,15 @@ class EventStore:
                 "more": nxt <= last}
 
     async def read_all(self, after_position: int, limit: int, max_bytes: int) -> dict[str, Any]:
-        """A page of the log after ``after_position``, cut like :meth:`read_stream`; ``more`` when the page was
-        cut (by the budget or the count) before the head of the log."""
+        """A page of the log after the event at ``after_position`` (0: the start), in commit order, cut like
+        :meth:`read_stream`; ``more`` when the page was cut (by the budget or the count) before the visible head
+        of the log."""
         async with db_errors(), self.db.pool.acquire() as conn:
             rows = await conn.fetch(_PAGE_ALL, after_position, limit, max_bytes)
+        if not rows[0]["known"]:
+            raise InvalidPayload(f"afterPosition {after_position} is not the position of an event",
+                                 details={"afterPosition": after_position})
+        rows = [r for r in rows if r["position"] is not None]
         more = bool(rows) and rows[0]["more"]
         events = [row_to_event(r) for r in rows]
         last = events[-1]["position"] if events else after_position

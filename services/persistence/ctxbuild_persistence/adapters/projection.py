@@ -3,14 +3,15 @@ read from the projection, and the rebuild command.
 
 Exactly-once effect: one batch = one transaction that (1) locks the projection's row in
 ``persistence.projection_tracking`` (``FOR UPDATE SKIP LOCKED``: one replica projects at a time, the others
-wait for the next round), (2) reads the events after its position (global order; positions are handed out in
-commit order, so nothing can later appear below the position), (3) writes the projection rows and (4) moves the
-position. A crash before the commit undoes all four, a crash after keeps all four.
+wait for the next round), (2) reads the events after its position in the log's commit order ((tx, position)
+below the visibility horizon, ``event_store.VISIBLE_BELOW``: nothing can later appear before what was read), (3)
+writes the projection rows and (4) moves the position (the last event applied; its tx is looked up). A crash
+before the commit undoes all four, a crash after keeps all four.
 
-Read-your-writes: ``ctx.persist.history`` looks up the conversation stream's last position, waits (bounded,
-``history_projection_wait_s``) until the projection is at or past it — waking the projector — and reads the rows
-in one snapshot together with the tracking position. A projection still behind after the wait (or failing) is
-bypassed: the reply is folded from the events (``source: "fold"``), never stale.
+Read-your-writes: ``ctx.persist.history`` looks up the log cursor ``(tx, position)`` of the conversation stream's
+last event, waits (bounded, ``history_projection_wait_s``) until the projection is at or past it — waking the
+projector — and reads the rows in one snapshot together with the tracking position. A projection still behind
+after the wait (or failing) is bypassed: the reply is folded from the events (``source: "fold"``), never stale.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from ..domain.projection import (
     project,
     unprojectable,
 )
-from .db import Database
-from .event_store import db_errors, dumps
+from .db import RELAXED, Database
+from .event_store import VISIBLE_BELOW, cursor_tx, db_errors, dumps
 from .worker import WakeableWorker
 
 log = structlog.get_logger("projection")
@@ -57,16 +58,24 @@ TABLE_ORDER = {
 
 # the next events in global order, at most $2 of them and — past the first — at most $3 bytes of data; only
 # conversation streams' data is decoded (and sent)
-_READ_EVENTS = """
-SELECT position, stream_id, version, type, data FROM (
-    SELECT position, stream_id, version, type, d AS data,
-           sum(coalesce(octet_length(d), 0)) OVER (ORDER BY position) - coalesce(octet_length(d), 0) AS before
-    FROM (SELECT position, stream_id, version, type,
+_READ_EVENTS = f"""
+SELECT position, tx::text::bigint AS tx, stream_id, version, type, data FROM (
+    SELECT position, tx, stream_id, version, type, d AS data,
+           sum(coalesce(octet_length(d), 0)) OVER (ORDER BY tx, position) - coalesce(octet_length(d), 0) AS before
+    FROM (SELECT position, tx, stream_id, version, type,
                  CASE WHEN stream_id LIKE 'conversation:%' THEN data::text END AS d
-          FROM persistence.events WHERE position > $1 ORDER BY position LIMIT $2) page
+          FROM persistence.events WHERE (tx, position) > ({cursor_tx("$1")}, $1) AND tx < {VISIBLE_BELOW}
+          ORDER BY tx, position LIMIT $2) page
 ) sized
 WHERE before < $3
-ORDER BY position"""
+ORDER BY tx, position"""
+# the projection's position and the log cursor it stands for ((0, 0): nothing applied yet)
+_TRACKING = ("SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM persistence.projection_tracking t "
+             "LEFT JOIN persistence.events e ON e.position = t.position WHERE t.name = $1")
+# a projector round's, RELAXED: rows and tracking are lost together in a crash and projected again from the events
+_TRACKING_RELAXED = ("SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM " + RELAXED + ", "
+                     "persistence.projection_tracking t LEFT JOIN persistence.events e ON e.position = t.position "
+                     "WHERE t.name = $1 FOR UPDATE OF t SKIP LOCKED")
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 # a no-op until the process configures a meter provider; the count is also in GET /projection
@@ -205,10 +214,12 @@ async def _insert_rows(conn: asyncpg.Connection, table: str, rows: Sequence[Any]
 
 async def read_events(conn: asyncpg.Connection, after: int, limit: int,
                       max_bytes: int = MAX_BATCH_BYTES) -> list[LogEvent]:
-    """Up to ``limit`` events after ``after``, cut once their conversation data passes ``max_bytes`` (one event
-    at least): a batch of large AssistantMessageCompleted events stays bounded in memory."""
+    """Up to ``limit`` events after the event at position ``after`` (0: the start) in log order, cut once their
+    conversation data passes ``max_bytes`` (one event at least): a batch of large AssistantMessageCompleted
+    events stays bounded in memory."""
     rows = await conn.fetch(_READ_EVENTS, after, limit, max_bytes)
-    return [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"])) for r in rows]
+    return [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"]), r["tx"])
+            for r in rows]
 
 
 class Projector(WakeableWorker):
@@ -222,6 +233,7 @@ class Projector(WakeableWorker):
         super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s)
         self.batch_bytes = batch_bytes
         self.position = 0  # last tracking position this replica saw committed
+        self.cursor: tuple[int, int] = (0, 0)  # its place in the log: (tx, position)
         self.events_applied = 0  # by this replica (metrics, tests)
         self.events_parked = 0  # by this replica; persistence.parked_events has them all
         self._progress = asyncio.Condition()
@@ -232,19 +244,17 @@ class Projector(WakeableWorker):
         """One batch. Returns how many events were read (0 = caught up), None if another replica holds the
         projection (its progress is picked up by the next round)."""
         async with self.db.pool.acquire() as conn, conn.transaction():
-            pos = await conn.fetchval(
-                "SELECT position FROM persistence.projection_tracking WHERE name = $1 FOR UPDATE SKIP LOCKED",
-                PROJECTION)
-            if pos is None:
-                pos = await conn.fetchval(
-                    "SELECT position FROM persistence.projection_tracking WHERE name = $1", PROJECTION)
-                await self._advance(pos or 0)
+            row = await conn.fetchrow(_TRACKING_RELAXED, PROJECTION)
+            if row is None:
+                row = await conn.fetchrow(_TRACKING, PROJECTION)
+                await self._advance((row["tx"], row["position"]) if row is not None else (0, 0))
                 return None
+            pos, cursor = row["position"], (row["tx"], row["position"])
             events = await read_events(conn, pos, self.batch_size, self.batch_bytes)
             parked: list[tuple[LogEvent, str]] = []
             if events:
                 parked = await apply_isolated(conn, events)
-                pos = events[-1].position
+                pos, cursor = events[-1].position, events[-1].cursor
                 await conn.execute(
                     "UPDATE persistence.projection_tracking SET position = $2, updated_at = now(), last_error = NULL "
                     "WHERE name = $1", PROJECTION, pos)
@@ -254,23 +264,24 @@ class Projector(WakeableWorker):
             PARKED_COUNTER.add(1, {"event.type": ev.type})
             log.error("projection-event-parked", position=ev.position, stream_id=ev.stream_id, event_type=ev.type,
                       reason=_printable(reason))
-        await self._advance(pos)
+        await self._advance(cursor)
         return len(events)
 
-    async def _advance(self, position: int) -> None:
+    async def _advance(self, cursor: tuple[int, int]) -> None:
         async with self._progress:
-            self.position = max(self.position, position)
+            if cursor > self.cursor:
+                self.cursor, self.position = cursor, cursor[1]
             self._progress.notify_all()
 
-    async def wait_for(self, position: int, timeout: float) -> bool:
-        """True once the projection is at or past ``position`` (bounded by ``timeout``)."""
-        if self.position >= position:
+    async def wait_for(self, cursor: tuple[int, int], timeout: float) -> bool:
+        """True once the projection is at or past the log cursor ``(tx, position)`` (bounded by ``timeout``)."""
+        if self.cursor >= cursor:
             return True
         self._waiters += 1
         self.wake()
         try:
             async with self._progress:
-                await asyncio.wait_for(self._progress.wait_for(lambda: self.position >= position), timeout)
+                await asyncio.wait_for(self._progress.wait_for(lambda: self.cursor >= cursor), timeout)
             return True
         except TimeoutError:
             return False
@@ -300,8 +311,9 @@ class Projector(WakeableWorker):
         return await self.project_once()
 
     def idle_timeout(self, done: int | None) -> float:
-        # another replica is projecting (None): poll its progress quickly while someone waits for it
-        return 0.05 if (done is None and self._waiters) else self.poll_interval_s
+        # someone waits for it: another replica is projecting (None), or the awaited event is not visible yet (the
+        # log stops before a transaction still running, e.g. the relay's) — poll quickly
+        return 0.05 if self._waiters else self.poll_interval_s
 
     async def failed(self, error: str, retry_in_s: float) -> None:
         # history falls back to folding while this is failing
@@ -311,12 +323,13 @@ class Projector(WakeableWorker):
 
 # ---------------------------------------------------------------- reads
 
-async def stream_head(db: Database, stream_id: str) -> int:
-    """The global position of a stream's last event (0 = no events)."""
+async def stream_head(db: Database, stream_id: str) -> tuple[int, int]:
+    """The log cursor ``(tx, position)`` of a stream's last event ((0, 0) = no events)."""
     async with db_errors(), db.pool.acquire() as conn:
-        return await conn.fetchval(
-            "SELECT coalesce((SELECT position FROM persistence.events WHERE stream_id = $1 "
-            "ORDER BY version DESC LIMIT 1), 0)", stream_id)
+        row = await conn.fetchrow(
+            "SELECT tx::text::bigint AS tx, position FROM persistence.events WHERE stream_id = $1 "
+            "ORDER BY version DESC LIMIT 1", stream_id)
+    return (row["tx"], row["position"]) if row is not None else (0, 0)
 
 
 # One page of the path, walked from the anchor towards the root over the primary key (one index lookup per
@@ -373,7 +386,7 @@ SELECT coalesce(bool_or(clear), false) FROM up WHERE NOT is_cycle
 Resolve = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
 
 
-async def read_history(db: Database, conversation_id: str, anchor_id: str | None, at_least: int,
+async def read_history(db: Database, conversation_id: str, anchor_id: str | None, at_least: tuple[int, int],
                        include_branches: bool, window: PathWindow, resolve: Resolve) -> dict[str, Any] | None:
     """The history reply from the projection, or None when the projection is not yet at ``at_least``. One
     page of the path (``window``); ``resolve`` reads back message parts stored by content reference."""
@@ -381,9 +394,11 @@ async def read_history(db: Database, conversation_id: str, anchor_id: str | None
             conn.transaction(isolation="repeatable_read", readonly=True):
         # a conversation with a parked event is not whole in the projection: its history is folded instead
         tracking = await conn.fetchrow(
-            "SELECT position, EXISTS (SELECT 1 FROM persistence.parked_events WHERE stream_id = $2) AS parked "
-            "FROM persistence.projection_tracking WHERE name = $1", PROJECTION, f"conversation:{conversation_id}")
-        if tracking is None or tracking["position"] < at_least or tracking["parked"]:
+            "SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx, "
+            "       EXISTS (SELECT 1 FROM persistence.parked_events WHERE stream_id = $2) AS parked "
+            "FROM persistence.projection_tracking t LEFT JOIN persistence.events e ON e.position = t.position "
+            "WHERE t.name = $1", PROJECTION, f"conversation:{conversation_id}")
+        if tracking is None or (tracking["tx"], tracking["position"]) < at_least or tracking["parked"]:
             return None
         head = await conn.fetchrow(
             "SELECT version, title, last_message_id FROM persistence.conversations WHERE conversation_id = $1",
@@ -486,21 +501,21 @@ async def rebuild(db: Database, *, verify: bool = False, batch_size: int = 1000,
     try:
         async with db.pool.acquire() as conn, conn.transaction():
             await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
-            live = await conn.fetchval(
-                "SELECT position FROM persistence.projection_tracking WHERE name = $1 FOR UPDATE", PROJECTION)
-            if live is None:
+            tracked = await conn.fetchrow(_TRACKING + " FOR UPDATE OF t", PROJECTION)
+            if tracked is None:
                 raise RuntimeError("projection_tracking has no 'conversation' row: run the migrations first")
             before = await snapshot(conn)
             for table in reversed(TABLES):
                 await conn.execute(f"DELETE FROM persistence.{table}")
             await conn.execute("DELETE FROM persistence.parked_events")
-            pos, events_read = 0, 0
-            while pos < live:
-                events = [e for e in await read_events(conn, pos, batch_size) if e.position <= live]
+            live, live_cursor = tracked["position"], (tracked["tx"], tracked["position"])
+            pos, cursor, events_read = 0, (0, 0), 0
+            while cursor < live_cursor:
+                events = [e for e in await read_events(conn, pos, batch_size) if e.cursor <= live_cursor]
                 if not events:
                     break
                 await apply_isolated(conn, events)
-                pos = events[-1].position
+                pos, cursor = events[-1].position, events[-1].cursor
                 events_read += len(events)
             after = await snapshot(conn)
             report.update(livePosition=live, differences=diff(before, after),

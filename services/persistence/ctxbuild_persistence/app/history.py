@@ -95,13 +95,14 @@ class History:
         if projector is None or not s.history_from_projection:
             return None
         target = await stream_head(self.store.db, conversation_stream(cid))
-        near = target - projector.position <= s.history_max_wait_lag
-        if target and near and await projector.wait_for(target, s.history_projection_wait_s):
+        # positions are not ordered along the log, but near enough in time to tell a catch-up from a short lag
+        near = target[1] - projector.position <= s.history_max_wait_lag
+        if target[1] and near and await projector.wait_for(target, s.history_projection_wait_s):
             reply = await read_history(self.store.db, cid, anchor, target, with_branches, window, self._resolve(cid))
             if reply is not None:
                 return reply
-        if target:
-            log.warning("history-folded", conversation=cid, projection=projector.position, needed=target)
+        if target[1]:
+            log.warning("history-folded", conversation=cid, projection=projector.position, needed=target[1])
         return None
 
     async def _folded(self, cid: str, anchor: str | None, with_branches: bool, window: PathWindow) -> dict[str, Any]:

@@ -41,6 +41,11 @@ class LogEvent:
     version: int
     type: str
     data: Mapping[str, Any] | None  # None for streams this projection does not read (not even decoded)
+    tx: int = 0  # the writing transaction: the log's order is (tx, position)
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return (self.tx, self.position)
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from ..events import envelope
 
 class PersistReadAllReply(ContractModel):
     """
-    lastPosition = nextPosition = the position of the last event returned, or afterPosition when none was; more = the page was cut (by maxBytes or limit) before the head of the log.
+    lastPosition = nextPosition = the position of the last event returned, or afterPosition when none was; more = the page was cut (by maxBytes or limit) before the visible head of the log (an empty page is not the end for good: the log stops before a transaction still running).
     """
 
     model_config = ConfigDict(

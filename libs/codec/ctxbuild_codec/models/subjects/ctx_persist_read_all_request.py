@@ -12,10 +12,16 @@ from .ctx_persist_read_stream_request import Page
 
 class PersistReadAllRequest(Page):
     """
-    A page of the events of every stream with position > afterPosition, in position order: as many whole events as fit maxBytes (at least one), at most `limit` (default 1000, capped at 10000). Positions are handed out in commit order, so paging with afterPosition = nextPosition never skips an event.
+    A page of the global log (the events of every stream) after the event at position afterPosition (0: from the start), in commit order: as many whole events as fit maxBytes (at least one), at most `limit` (default 1000, capped at 10000). Paging with afterPosition = nextPosition never skips nor repeats an event, one committing late included: the log stops before a transaction that is still running. A position identifies an event: positions are unique but neither gap-free nor increasing along the log, so pass back nextPosition, never a computed one (afterPosition that is not an event's position is invalid-payload).
     """
 
     model_config = ConfigDict(
         extra="forbid",
     )
-    afterPosition: Annotated[int | None, Field(ge=0)] = 0
+    afterPosition: Annotated[
+        int | None,
+        Field(
+            description="the position of the last event already read (a previous page's nextPosition), or 0",
+            ge=0,
+        ),
+    ] = 0
