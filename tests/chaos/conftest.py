@@ -25,7 +25,8 @@ from tests.support.chaos import RECORD, STAMP_SERVER, Edge
 COUNTER = Path(__file__).resolve().parents[1] / "support" / "counting_mcp_server.py"
 # the runner's ack wait: a SIGKILLed runner's turn is redelivered after this (the default 30 s would only slow
 # the suite down)
-SERVICE_ENV = {"orchestration": {"CTX_TURN_ACK_WAIT_S": "3"}}
+# the chaos tools answer in milliseconds: a call lost with a killed catalog times out after 15 s, not the default 60
+SERVICE_ENV = {"orchestration": {"CTX_TURN_ACK_WAIT_S": "3", "CTX_TOOL_TIMEOUT_S": "15"}}
 
 
 def pytest_configure(config: pytest.Config) -> None:
