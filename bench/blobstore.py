@@ -33,8 +33,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +42,7 @@ from ctxbuild_devstack import Stack, private_stack
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from minio import Minio
+from responder import start_floor_responder  # a sibling module (run from bench/)
 
 MIB = 1024 * 1024
 TARGET_RATIO_VS_FLOOR = 1.3  # issue #21: service / claim-check floor, same run
@@ -214,16 +213,6 @@ def floor_client(nc):
     return floor_put, floor_get
 
 
-def start_floor_responder(stack: Stack) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, "--floor-responder"], env={**os.environ, **stack.env},
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != b"ready":
-        proc.kill()
-        raise RuntimeError("the claim-check floor responder did not start")
-    return proc
-
-
 # ---------------------------------------------------------------------------------------------------- the run
 async def measure(stack: Stack, n: int, warmup: int, pages: int, big_bytes: int) -> dict:
     import nats
@@ -347,7 +336,7 @@ def main() -> None:
         ap.error("--out is required")
     load_before = os.getloadavg()
     with private_stack("ctxbuild-bench-blob-", services=["blobstore"]) as stack:
-        floor = start_floor_responder(stack)
+        floor = start_floor_responder(__file__, stack, "the claim-check floor responder")
         try:
             result = asyncio.run(measure(stack, args.n, args.warmup, args.pages, args.big_mb * 1000 * 1000))
         finally:

@@ -40,8 +40,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -56,6 +54,7 @@ from ctxbuild_persistence.domain.append import NewEvent
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
 from proc_cpu import CpuGroup  # a sibling module (run from bench/)
+from responder import start_floor_responder
 
 EVENT_BYTES = 1024
 LEVELS = (1, 8, 32)
@@ -139,16 +138,6 @@ async def floor_responder() -> None:
     await nc.flush()
     print("ready", flush=True)
     await asyncio.Event().wait()
-
-
-def start_floor_responder(stack: Stack) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, "--floor-responder"], env={**os.environ, **stack.env},
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != b"ready":
-        proc.kill()
-        raise RuntimeError("the bare NATS responder did not start")
-    return proc
 
 
 # ---------------------------------------------------------------------------------------------------- the bench
@@ -344,7 +333,7 @@ class Bench:
 async def run(stack: Stack, args: argparse.Namespace) -> dict:
     b = Bench(stack)
     await b.open()
-    responder = start_floor_responder(stack)
+    responder = start_floor_responder(__file__, stack, "the bare NATS responder")
     pg = CpuGroup([stack.procs["postgres"]["pid"]])
     events = {1: args.events_1, 8: args.events_8, 32: args.events_32}
     result: dict = {"benchmark": "eventstore", "event_bytes": EVENT_BYTES}
