@@ -5,7 +5,8 @@ returns the reply model.
 | subject                   | does                                                           |
 |---------------------------|----------------------------------------------------------------|
 | ``ctx.persist.append``      | append events (expected version, idempotent by event id)     |
-| ``ctx.persist.read_stream`` | a stream's events from a version                              |
+| ``ctx.persist.append_batch`` | append to several streams in one commit, all or nothing    |
+| ``ctx.persist.read_stream`` | a stream's events from a version, or its last event           |
 | ``ctx.persist.read_all``    | the global log after an event's position, in commit order    |
 | ``ctx.persist.history``     | a conversation's path to an anchor + what compaction needs    |
 | ``ctx.persist.complete_turn`` | the persist lane: trim + offload, then AssistantMessageCompleted |
@@ -13,6 +14,7 @@ returns the reply model.
 
 from __future__ import annotations
 
+from ctxbuild_codec.models.subjects.ctx_persist_append_batch_reply import PersistAppendBatchReply
 from ctxbuild_codec.models.subjects.ctx_persist_append_reply import PersistAppendReply
 from ctxbuild_codec.models.subjects.ctx_persist_complete_turn_reply import PersistCompleteTurnReply
 from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
@@ -22,7 +24,14 @@ from ctxbuild_platform.rpc import rpc
 from faststream.nats import NatsBroker
 
 from .app import EventLog, History, PersistLane
-from .app.models import AppendRequest, CompleteTurnRequest, HistoryReply, ReadAllReply, ReadStreamReply
+from .app.models import (
+    AppendBatchRequest,
+    AppendRequest,
+    CompleteTurnRequest,
+    HistoryReply,
+    ReadAllReply,
+    ReadStreamReply,
+)
 from .settings import Settings
 
 QUEUE = "persistence"
@@ -37,10 +46,15 @@ def register(broker: NatsBroker, settings: Settings, events: EventLog, history: 
         """Append events to a stream with optimistic concurrency; idempotent by event id."""
         return await events.append(req)
 
+    @rpc(broker, "ctx.persist.append_batch", queue=QUEUE, max_workers=workers)
+    async def append_batch(req: AppendBatchRequest) -> PersistAppendBatchReply:
+        """Append to several streams in one transaction, all or nothing; each group as ``ctx.persist.append``."""
+        return await events.append_batch(req)
+
     @rpc(broker, "ctx.persist.read_stream", queue=QUEUE, max_workers=workers)
     async def read_stream(req: PersistReadStreamRequest) -> ReadStreamReply:
         """A page of a stream's events from a version (default 1), oldest first, cut at a byte budget, plus the
-        stream's last version and where to continue."""
+        stream's last version and where to continue; with ``last``, only the stream's last event."""
         return await events.read_stream(req)
 
     @rpc(broker, "ctx.persist.read_all", queue=QUEUE, max_workers=workers)

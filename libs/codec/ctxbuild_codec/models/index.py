@@ -82,6 +82,8 @@ MODELS = {
     'subjects/ctx.mcp.tools_changed.request.json': ('subjects.ctx_mcp_tools_changed_request', 'McpToolsChanged'),
     'subjects/ctx.persist.append.reply.json': ('subjects.ctx_persist_append_reply', 'PersistAppendReply'),
     'subjects/ctx.persist.append.request.json': ('subjects.ctx_persist_append_request', 'PersistAppendRequest'),
+    'subjects/ctx.persist.append_batch.reply.json': ('subjects.ctx_persist_append_batch_reply', 'PersistAppendBatchReply'),
+    'subjects/ctx.persist.append_batch.request.json': ('subjects.ctx_persist_append_batch_request', 'PersistAppendBatchRequest'),
     'subjects/ctx.persist.complete_turn.reply.json': ('subjects.ctx_persist_complete_turn_reply', 'PersistCompleteTurnReply'),
     'subjects/ctx.persist.complete_turn.request.json': ('subjects.ctx_persist_complete_turn_request', 'PersistCompleteTurnRequest'),
     'subjects/ctx.persist.history.reply.json': ('subjects.ctx_persist_history_reply', 'PersistHistoryReply'),

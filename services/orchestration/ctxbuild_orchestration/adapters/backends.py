@@ -105,6 +105,23 @@ class Backends:
         return await patiently(lambda: self.rpc.call("ctx.persist.append", req),
                                within_s=self.patience_s if patience_s is None else patience_s, what=f"append {stream}")
 
+    async def append_streams(self, groups: list[tuple[str, list[dict[str, Any]], int | None]],
+                             patience_s: float | None = None) -> list[dict]:
+        """Append to several streams in ONE commit (``ctx.persist.append_batch``): ``(stream, events, expected)``
+        per stream, distinct streams, written in this order; all or nothing — a ``version-conflict`` or
+        ``event-id-conflict`` in any group stores none of them. Each group follows :meth:`append`'s rules, so a
+        retry of the whole batch by the same event ids is a no-op success. One ``append`` reply per group."""
+        req = {"appends": [{"streamId": s, "expectedVersion": exp, "events": evs} for s, evs, exp in groups]}
+        out = await patiently(lambda: self.rpc.call("ctx.persist.append_batch", req),
+                              within_s=self.patience_s if patience_s is None else patience_s,
+                              what=f"append {', '.join(s for s, _, _ in groups)}")
+        return out["results"]
+
+    async def stream_last(self, stream: str) -> dict:
+        """The stream's last event and version in one read: ``{"events": [last] or [], "lastVersion": n, ...}``."""
+        return await patiently(lambda: self.rpc.call("ctx.persist.read_stream", {"streamId": stream, "last": True}),
+                               within_s=self.patience_s, what=f"read the tail of {stream}")
+
     async def read_stream(self, stream: str, from_version: int = 1, limit: int | None = None) -> dict:
         req: dict[str, Any] = {"streamId": stream, "fromVersion": from_version}
         if limit:

@@ -123,42 +123,54 @@ _PAGE_ALL = (
     "  ) w JOIN persistence.events e USING (position) WHERE (w.n = 1 OR w.upto <= $3) AND w.n <= $2"
     ") p ON true ORDER BY p.n")
 
-# The one-statement append of a group of requests, each on its own stream: each stream's version, then — for the
-# requests whose version is the expected one ($2: NULL = any) — their events (versions in request order) and
-# outbox rows. Rows per request (i = its 1-based index): one per inserted event, or one with a NULL position
-# when its version did not match.
+# The one-statement append of a group of requests, each on its own streams (a single append is one part, a batch
+# several, each part on its own stream): each stream's version, then — for the requests whose every part has the
+# expected version ($2: NULL = any; $9: the part's request) — their events (versions in part order) and outbox
+# rows, so a batch is all or nothing. Rows per part (i = its 1-based index): one per inserted event, or one with a
+# NULL position when its request was not written.
 _GROUP_APPEND = (
     "WITH cur AS ("
-    "  SELECT r.i, r.stream_id, r.expected, (SELECT coalesce(max(e.version), 0) FROM persistence.events e "
-    "                                        WHERE e.stream_id = r.stream_id) AS v "
-    "  FROM unnest($1::text[], $2::integer[]) WITH ORDINALITY AS r(stream_id, expected, i)), "
+    "  SELECT r.i, r.b, r.stream_id, r.expected, (SELECT coalesce(max(e.version), 0) FROM persistence.events e "
+    "                                             WHERE e.stream_id = r.stream_id) AS v "
+    "  FROM unnest($1::text[], $2::integer[], $9::integer[]) WITH ORDINALITY AS r(stream_id, expected, b, i)), "
+    "ok AS ("
+    "  SELECT c.i FROM cur c WHERE NOT EXISTS (SELECT 1 FROM cur d WHERE d.b = c.b AND d.expected IS NOT NULL "
+    "                                          AND d.v <> d.expected)), "
     "ins AS ("
     "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
     "  SELECT cur.stream_id, cur.v + x.k, x.id, x.t, x.d::json, x.m::json "
     "  FROM unnest($3::integer[], $4::integer[], $5::uuid[], $6::text[], $7::text[], $8::text[]) "
     "       WITH ORDINALITY AS x(i, k, id, t, d, m, ord) "
-    "  JOIN cur ON cur.i = x.i AND (cur.expected IS NULL OR cur.v = cur.expected) "
+    "  JOIN cur ON cur.i = x.i JOIN ok ON ok.i = x.i "
     "  ORDER BY x.ord "
     "  RETURNING position, stream_id, version), "
     "ob AS (INSERT INTO persistence.outbox (position) SELECT position FROM ins) "
     "SELECT cur.i, cur.v AS current, ins.position FROM cur LEFT JOIN ins ON ins.stream_id = cur.stream_id "
     "ORDER BY cur.i, ins.version")
-GROUP_MAX_REQUESTS = 64
+GROUP_MAX_REQUESTS = 64  # parts (streams) per statement
 GROUP_MAX_EVENTS = 2000
+
+
+@dataclass(frozen=True)
+class AppendPart:
+    """One stream's share of an append: a single append is one part, a batch (``ctx.persist.append_batch``) one
+    per stream."""
+
+    stream_id: str
+    expected_version: int | None
+    events: list[NewEvent]
 
 
 @dataclass
 class _Pending:
-    stream_id: str
-    expected_version: int | None
-    events: list[NewEvent]
+    parts: list[AppendPart]
     done: asyncio.Future
 
 
 class EventStore:
     """Appends that arrive while one is being written are written together, in one statement and one commit
     (group commit: concurrent appends cost one round trip and one WAL flush between them, not one each); an
-    append alone is written at once."""
+    append alone is written at once. A batch of parts on several streams is one such request: all or nothing."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -166,41 +178,51 @@ class EventStore:
         self._writer: asyncio.Task | None = None
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
-        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`). One statement (grouped with
-        concurrent appends) when the request is new and the version matches; otherwise the exact answer from
-        :meth:`_append_checked`."""
-        if expected_version is None or 0 <= expected_version <= FAST_PATH_VERSIONS:
-            p = _Pending(stream_id, expected_version, events, asyncio.get_running_loop().create_future())
-            self._queue.append(p)
+        """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`)."""
+        return (await self.append_batch([AppendPart(stream_id, expected_version, events)]))[0]
+
+    async def append_batch(self, parts: list[AppendPart]) -> list[dict[str, Any]]:
+        """Store every part in one commit, or none (each part by the rules of :mod:`..domain.append`; the first
+        part whose version or event ids conflict raises and nothing is stored). One statement (grouped with
+        concurrent appends) when the request is new and the versions match; otherwise the exact answer from
+        :meth:`_append_checked`. Stream ids must be distinct (the caller checks)."""
+        if all(p.expected_version is None or 0 <= p.expected_version <= FAST_PATH_VERSIONS for p in parts):
+            pending = _Pending(parts, asyncio.get_running_loop().create_future())
+            self._queue.append(pending)
             if self._writer is None or self._writer.done():
                 self._writer = asyncio.create_task(self._write_groups(), name="event-store-group-append")
             async with db_errors():
-                result = await p.done
-            if result is not None:
-                return result
+                results = await pending.done
+            if results is not None:
+                return results
         for _ in range(SLOW_PATH_ATTEMPTS):
-            result = await self._append_checked(stream_id, expected_version, events)
-            if result is not None:
-                return result
-        raise Conflict(f"concurrent appends to {stream_id!r} kept winning; retry", retryable=True,
-                       details={"streamId": stream_id})
+            results = await self._append_checked(parts)
+            if results is not None:
+                return results
+        streams = [p.stream_id for p in parts]
+        raise Conflict(f"concurrent appends to {', '.join(map(repr, streams))} kept winning; retry", retryable=True,
+                       details={"streamId": streams[0]} if len(streams) == 1 else {"streamIds": streams})
 
     async def _write_groups(self) -> None:
-        """Until the queue is empty: take a group (one request per stream — a second one for a stream waits for
-        the next group, so versions are read after the first is written), write it, answer each request."""
+        """Until the queue is empty: take a group (one part per stream — a request touching a stream already in the
+        group waits for the next group, so versions are read after the first is written), write it, answer each
+        request."""
         while self._queue:
             group: list[_Pending] = []
             rest: list[_Pending] = []
             streams: set[str] = set()
-            n_events = 0
+            n_parts = n_events = 0
             for p in self._queue:
-                if p.stream_id in streams or len(group) >= GROUP_MAX_REQUESTS or (
-                        group and n_events + len(p.events) > GROUP_MAX_EVENTS):
+                mine = {x.stream_id for x in p.parts}
+                size = sum(len(x.events) for x in p.parts)
+                if group and (streams & mine or n_parts + len(p.parts) > GROUP_MAX_REQUESTS
+                              or n_events + size > GROUP_MAX_EVENTS):
                     rest.append(p)
                 else:
                     group.append(p)
-                    streams.add(p.stream_id)
-                    n_events += len(p.events)
+                    streams |= mine
+                    n_parts += len(p.parts)
+                    n_events += size
             self._queue = rest
             try:
                 results = await self._append_group(group)
@@ -218,17 +240,19 @@ class EventStore:
                 if not p.done.done():
                     p.done.set_result(result)
 
-    async def _append_group(self, group: list[_Pending]) -> list[dict[str, Any] | None]:
-        """One statement for the group; per request its reply, or None when it needs the checked path (its version
-        did not match, or the statement hit a unique constraint: an id already stored, a concurrent writer)."""
-        evs = [(i, k, e) for i, p in enumerate(group, 1) for k, e in enumerate(p.events, 1)]
+    async def _append_group(self, group: list[_Pending]) -> list[list[dict[str, Any]] | None]:
+        """One statement for the group; per request its replies (one per part), or None when it needs the checked
+        path (a part's version did not match, or the statement hit a unique constraint: an id already stored, a
+        concurrent writer)."""
+        parts = [(b, x) for b, p in enumerate(group, 1) for x in p.parts]
+        evs = [(i, k, e) for i, (_, x) in enumerate(parts, 1) for k, e in enumerate(x.events, 1)]
         async with self.db.pool.acquire() as conn:
             try:
                 rows = await conn.fetch(
-                    _GROUP_APPEND, [p.stream_id for p in group], [p.expected_version for p in group],
+                    _GROUP_APPEND, [x.stream_id for _, x in parts], [x.expected_version for _, x in parts],
                     [i for i, _, _ in evs], [k for _, k, _ in evs], [uuid.UUID(e.event_id) for _, _, e in evs],
                     [e.type for _, _, e in evs], [dumps(e.data) for _, _, e in evs],
-                    [dumps(e.metadata) for _, _, e in evs])
+                    [dumps(e.metadata) for _, _, e in evs], [b for b, _ in parts])
             except asyncpg.UniqueViolationError:
                 if len(group) == 1:
                     return [None]
@@ -237,37 +261,41 @@ class EventStore:
                 failed = False
         if failed:
             return [(await self._append_group([p]))[0] for p in group]
-        by_request: dict[int, list[asyncpg.Record]] = {}
+        by_part: dict[int, list[asyncpg.Record]] = {}
         for r in rows:
-            by_request.setdefault(r["i"], []).append(r)
-        out: list[dict[str, Any] | None] = []
-        for i, p in enumerate(group, 1):
-            mine = by_request[i]
-            if mine[0]["position"] is None:
+            by_part.setdefault(r["i"], []).append(r)
+        out: list[list[dict[str, Any]] | None] = []
+        i = 0
+        for p in group:
+            mine = [by_part[i + k] for k in range(1, len(p.parts) + 1)]
+            i += len(p.parts)
+            if any(m[0]["position"] is None for m in mine):
                 out.append(None)
                 continue
-            plan = plan_append(p.stream_id, p.expected_version, p.events, mine[0]["current"], {})
-            out.append(plan.result([r["position"] for r in mine]))
+            out.append([plan_append(x.stream_id, x.expected_version, x.events, m[0]["current"], {})
+                        .result([r["position"] for r in m]) for x, m in zip(p.parts, mine, strict=True)])
         return out
 
-    async def _append_checked(self, stream_id: str, expected_version: int | None,
-                              events: list[NewEvent]) -> dict[str, Any] | None:
-        """Read the stream version and which ids are stored, plan (duplicates, version check), insert — in one
-        transaction. None when a writer raced it (a unique constraint failed: the next read sees that writer's
-        events, so the caller's retry decides again)."""
-        ids = [uuid.UUID(e.event_id) for e in events]
+    async def _append_checked(self, parts: list[AppendPart]) -> list[dict[str, Any]] | None:
+        """Per part, read the stream version and which ids are stored, plan (duplicates, version check), insert —
+        all in one transaction (a conflict in any part rolls back the parts before it). None when a writer raced
+        it (a unique constraint failed: the next read sees that writer's events, so the caller's retry decides
+        again)."""
+        results: list[dict[str, Any]] = []
         async with db_errors(), self.db.pool.acquire() as conn:
             try:
                 async with conn.transaction():
-                    rows = await conn.fetch(_STATE, stream_id, ids)
-                    current = rows[0]["current"]
-                    existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
-                                for r in rows if r["event_id"] is not None}
-                    plan = plan_append(stream_id, expected_version, events, current, existing)
-                    positions = await self._insert(conn, plan)
+                    for part in parts:
+                        ids = [uuid.UUID(e.event_id) for e in part.events]
+                        rows = await conn.fetch(_STATE, part.stream_id, ids)
+                        current = rows[0]["current"]
+                        existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
+                                    for r in rows if r["event_id"] is not None}
+                        plan = plan_append(part.stream_id, part.expected_version, part.events, current, existing)
+                        results.append(plan.result(await self._insert(conn, plan)))
             except asyncpg.UniqueViolationError:
                 return None
-        return plan.result(positions)
+        return results
 
     @staticmethod
     async def _insert(conn: asyncpg.Connection, plan: AppendPlan) -> list[int]:
@@ -305,6 +333,14 @@ class EventStore:
         nxt = events[-1]["version"] + 1 if events else max(from_version, 1)
         return {"streamId": stream_id, "events": events, "lastVersion": last, "nextVersion": nxt,
                 "more": nxt <= last}
+
+    async def read_stream_last(self, stream_id: str) -> dict[str, Any]:
+        """The stream's last event (none when the stream does not exist) and its version: one statement."""
+        async with db_errors(), self.db.pool.acquire() as conn:
+            row = await conn.fetchrow(_SELECT + "WHERE stream_id = $1 ORDER BY version DESC LIMIT 1", stream_id)
+        last = row["version"] if row is not None else 0
+        return {"streamId": stream_id, "events": [row_to_event(row)] if row is not None else [],
+                "lastVersion": last, "nextVersion": last + 1, "more": False}
 
     async def read_all(self, after_position: int, limit: int, max_bytes: int) -> dict[str, Any]:
         """A page of the log after the event at ``after_position`` (0: the start), in commit order, cut like

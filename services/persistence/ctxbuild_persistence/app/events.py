@@ -1,11 +1,13 @@
 """The event log use cases: ``ctx.persist.append`` (validate, refuse what could never be read back, stamp the trace
-context, append), ``ctx.persist.read_stream`` and ``ctx.persist.read_all``."""
+context, append), ``ctx.persist.append_batch`` (the same for several streams, one commit), ``ctx.persist.read_stream``
+(a page, or the stream's last event) and ``ctx.persist.read_all``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ctxbuild_codec.models.subjects.ctx_persist_append_batch_reply import PersistAppendBatchReply
 from ctxbuild_codec.models.subjects.ctx_persist_append_reply import PersistAppendReply
 from ctxbuild_codec.models.subjects.ctx_persist_read_all_request import PersistReadAllRequest
 from ctxbuild_codec.models.subjects.ctx_persist_read_stream_request import PersistReadStreamRequest
@@ -13,11 +15,11 @@ from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 from opentelemetry.propagate import inject
 
-from ..adapters.event_store import EventStore, dumps
+from ..adapters.event_store import AppendPart, EventStore, dumps
 from ..domain.append import NewEvent
 from ..domain.projection import LogEvent, lone_surrogate_at, unprojectable
 from ..settings import Settings
-from .models import AppendEvent, AppendRequest, ReadAllReply, ReadStreamReply
+from .models import AppendBatchRequest, AppendEvent, AppendRequest, ReadAllReply, ReadStreamReply
 
 
 def event_contract(event_type: str) -> str | None:
@@ -80,7 +82,30 @@ class EventLog:
             self.on_appended()
         return PersistAppendReply.model_validate(result)
 
+    async def append_batch(self, req: AppendBatchRequest) -> PersistAppendBatchReply:
+        """Every group checked like a single append first (nothing is written when one is refused), then one
+        store request: one commit, all or nothing; one wake-up of the background loops for the batch."""
+        seen: set[str] = set()
+        parts: list[AppendPart] = []
+        for g, group in enumerate(req.appends):
+            if group.streamId in seen:
+                raise InvalidPayload(f"appends/{g}: stream {group.streamId!r} appears twice in the batch",
+                                     details={"groupIndex": g, "streamId": group.streamId})
+            seen.add(group.streamId)
+            try:
+                events = to_new_events(group.events, self.settings.max_event_bytes, group.streamId)
+            except InvalidPayload as exc:
+                raise InvalidPayload(f"appends/{g}: {exc.message}",
+                                     details={**(exc.details or {}), "groupIndex": g}) from exc
+            parts.append(AppendPart(group.streamId, group.expectedVersion, events))
+        results = await self.store.append_batch(parts)
+        if any(r["duplicates"] < len(p.events) for r, p in zip(results, parts, strict=True)):
+            self.on_appended()
+        return PersistAppendBatchReply.model_validate({"results": results})
+
     async def read_stream(self, req: PersistReadStreamRequest) -> ReadStreamReply:
+        if req.last:
+            return ReadStreamReply.model_validate(await self.store.read_stream_last(req.streamId))
         page = await self.store.read_stream(req.streamId, req.fromVersion or 1, self.limit_of(req.limit),
                                             self.bytes_of(req.maxBytes))
         return ReadStreamReply.model_validate(page)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from ctxbuild_codec.models.events.envelope import RecordedEvent
+from ctxbuild_codec.models.subjects.ctx_persist_append_batch_request import PersistAppendBatchRequest
 from ctxbuild_codec.models.subjects.ctx_persist_append_request import Event, PersistAppendRequest
 from ctxbuild_codec.models.subjects.ctx_persist_complete_turn_request import PersistCompleteTurnRequest
 from ctxbuild_codec.models.subjects.ctx_persist_history_reply import PersistHistoryReply
@@ -28,6 +29,10 @@ class AppendEvent(Event):
 
 class AppendRequest(PersistAppendRequest):
     events: Annotated[list[AppendEvent], Field(max_length=1000, min_length=1)]
+
+
+class AppendBatchRequest(PersistAppendBatchRequest):
+    appends: Annotated[list[AppendRequest], Field(max_length=64, min_length=1)]
 
 
 class CompleteTurnRequest(PersistCompleteTurnRequest):

@@ -26,7 +26,7 @@ class Page(ContractModel):
 
 class PersistReadStreamRequest(Page):
     """
-    A page of a stream's events with version >= fromVersion, oldest first: as many whole events as fit maxBytes (at least one, so an event larger than the budget still moves), at most `limit` (default 1000, capped by the service at 10000). Continue from nextVersion while `more`.
+    A page of a stream's events with version >= fromVersion, oldest first: as many whole events as fit maxBytes (at least one, so an event larger than the budget still moves), at most `limit` (default 1000, capped by the service at 10000). Continue from nextVersion while `more`. With last: true, only the stream's last event (none when the stream does not exist) and lastVersion, in one read; fromVersion, limit and maxBytes are then ignored.
     """
 
     model_config = ConfigDict(
@@ -34,3 +34,9 @@ class PersistReadStreamRequest(Page):
     )
     streamId: Annotated[str, Field(max_length=256, min_length=1, pattern="^\\S+$")]
     fromVersion: Annotated[int | None, Field(ge=1)] = 1
+    last: Annotated[
+        bool | None,
+        Field(
+            description="read only the stream's last event (the tail) instead of a page"
+        ),
+    ] = False
