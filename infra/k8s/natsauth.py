@@ -309,15 +309,19 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
 
         await c["orchestration"].nc.subscribe("ctx.turn.*.turn-1", cb=hear)
         await c["orchestration"].nc.flush()
-        for subject in ("ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1"):
+        for subject in ("ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1", "ctx.turn.appended.turn-1"):
             await c["orchestration-runner"].nc.publish(subject, b"{}")
         await c["orchestration-runner"].nc.flush()
+        await c["orchestration"].nc.publish("ctx.turn.appended.turn-1", b"{}")  # the edge's abort request
+        await c["orchestration"].nc.flush()
+        expected = ["ctx.turn.appended.turn-1", "ctx.turn.appended.turn-1", "ctx.turn.delta.turn-1",
+                    "ctx.turn.ended.turn-1"]
         for _ in range(50):
-            if len(heard) == 2:
+            if len(heard) == len(expected):
                 break
             await asyncio.sleep(0.02)
-        if sorted(heard) != ["ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1"]:
-            errors.append(f"orchestration did not hear the runner's ctx.turn.delta/ended notices (got {heard})")
+        if sorted(heard) != expected:
+            errors.append(f"orchestration did not hear the turn's delta/ended/appended notices (got {heard})")
         runner_q = TurnQueue(lambda: c["orchestration-runner"].nc, config)
         await step("orchestration-runner: ensure CTX_TURNS", runner_q.ensure())
         stopping, got = asyncio.Event(), []

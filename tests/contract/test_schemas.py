@@ -26,7 +26,7 @@ def test_schema_is_valid_and_refs_resolve(path: Path):
 
 
 # subjects nobody replies to: a JetStream work-queue command (the stream acks it) and a broadcast notice
-NO_REPLY = {"ctx.turn.run", "ctx.turn.abort", "ctx.turn.delta", "ctx.turn.ended"}
+NO_REPLY = {"ctx.turn.run", "ctx.turn.abort", "ctx.turn.delta", "ctx.turn.ended", "ctx.turn.appended"}
 
 
 def test_every_subject_has_request_and_reply():

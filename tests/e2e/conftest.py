@@ -41,8 +41,10 @@ def page_server():
 @pytest.fixture(scope="session")
 def all_services(stack, start_service, fake_openai) -> str:
     for name in SERVICES:
-        extra = {"CTX_OPENAI_BASE_URL": fake_openai.base_url,
-                 "CTX_TRACE_UI_URL": TRACE_UI_URL} if name == "orchestration" else {}
+        # SSE streams read on wake-ups (ctx.turn.appended/ended); a backstop poll this long makes a missing
+        # wake-up show as a stalled stream instead of hiding behind the timer
+        extra = {"CTX_OPENAI_BASE_URL": fake_openai.base_url, "CTX_TRACE_UI_URL": TRACE_UI_URL,
+                 "CTX_SSE_POLL_S": "20"} if name == "orchestration" else {}
         start_service(name, **extra)
     return stack.env["CTX_ORCHESTRATION_HTTP"]
 

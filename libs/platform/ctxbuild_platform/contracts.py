@@ -98,7 +98,7 @@ def validate_reference(name: str, payload: Any) -> None:
 
 
 # subjects with a per-entity last token (one subject per turn): one contract for the family
-SUBJECT_FAMILIES = ("ctx.turn.delta", "ctx.turn.ended")
+SUBJECT_FAMILIES = ("ctx.turn.delta", "ctx.turn.ended", "ctx.turn.appended")
 
 
 def subject_contract(subject: str, kind: str) -> str:

@@ -88,7 +88,8 @@ def build(settings: Settings) -> FastAPI:
         # the drop-in gateway (SPEC §15.5): OpenAI and Anthropic wire formats over the same turns
         gateway = Gateway(edge, GatewayConfig.from_settings(settings), lambda spec: check_provider(spec, settings))
         app.include_router(build_gateway(gateway, edge.limits, auth))
-        app.include_router(build_inspector(edge, auth, trace_ui_url=settings.trace_ui_url))  # /ui (issue #20)
+        app.include_router(build_inspector(edge, auth, trace_ui_url=settings.trace_ui_url,  # /ui (issue #20)
+                                           sse_poll_s=settings.sse_poll_s))
     app.state.broker = broker
     app.state.runner_loop = loop
     install_error_handlers(app, auth)

@@ -75,7 +75,8 @@ class Settings(ServiceSettings, WebToolSettings):
                                              "before StepServed records it missing")
     keep_served_requests: bool = Field(True, description="store each step's request bytes (GET …/steps/{n}/request)")
     default_model: str = "replay"
-    sse_poll_s: float = Field(0.2, description="SSE: how often to read new turn events when no wake-up arrives")
+    sse_poll_s: float = Field(2.0, gt=0, description="SSE: the backstop read of a turn's new events when no "
+                              "wake-up (ctx.turn.appended/ended) arrived — a lost notice costs at most this")
     abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
                                  "this long is ended by the edge (one terminal event id either way)")
     tool_timeout_s: float = 60.0

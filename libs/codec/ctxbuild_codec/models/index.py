@@ -95,6 +95,7 @@ MODELS = {
     'subjects/ctx.truncate.step.reply.json': ('subjects.ctx_truncate_step_reply', 'CtxTruncateStepReply'),
     'subjects/ctx.truncate.step.request.json': ('subjects.ctx_truncate_step_request', 'CtxTruncateStepRequest'),
     'subjects/ctx.turn.abort.request.json': ('subjects.ctx_turn_abort_request', 'TurnAbortNotice'),
+    'subjects/ctx.turn.appended.request.json': ('subjects.ctx_turn_appended_request', 'TurnAppendedNotice'),
     'subjects/ctx.turn.delta.request.json': ('subjects.ctx_turn_delta_request', 'TurnTextDelta'),
     'subjects/ctx.turn.ended.request.json': ('subjects.ctx_turn_ended_request', 'TurnEndedNotice'),
     'subjects/ctx.turn.run.request.json': ('subjects.ctx_turn_run_request', 'TurnRunCommand'),

@@ -18,6 +18,18 @@ log = structlog.get_logger("backends")
 T = TypeVar("T")
 COMPLETE_TURN_TIMEOUT_S = 30.0  # + 1 s per 256 KiB of the turn's messages
 NOT_TRANSIENT = {"version-conflict", "event-id-conflict", "invalid-payload", "not-found"}
+TURN_PREFIX = "turn:"
+APPENDED_SUBJECT = "ctx.turn.appended"
+
+
+async def announce_appended(broker: Any, turn_id: str, to_version: int) -> None:
+    """``ctx.turn.appended.<turnId>`` (core NATS, fire and forget) once an append to the turn is stored: wakes the
+    SSE streams following it. A lost notice costs them their backstop poll, never an event."""
+    try:
+        body = json.dumps({"turnId": turn_id, "toVersion": to_version}).encode()
+        await broker.connection.publish(f"{APPENDED_SUBJECT}.{turn_id}", body)
+    except Exception as exc:  # noqa: BLE001 - the append is stored; the notice is a courtesy
+        log.debug("appended-not-announced", turn_id=turn_id, error=str(exc)[:200])
 
 
 def transient(exc: BaseException) -> bool:
@@ -102,8 +114,11 @@ class Backends:
     async def append(self, stream: str, events: list[dict[str, Any]], expected: int | None = None,
                      patience_s: float | None = None) -> dict:
         req = {"streamId": stream, "expectedVersion": expected, "events": events}
-        return await patiently(lambda: self.rpc.call("ctx.persist.append", req),
-                               within_s=self.patience_s if patience_s is None else patience_s, what=f"append {stream}")
+        reply = await patiently(lambda: self.rpc.call("ctx.persist.append", req),
+                                within_s=self.patience_s if patience_s is None else patience_s, what=f"append {stream}")
+        if stream.startswith(TURN_PREFIX):
+            await announce_appended(self.rpc.broker, stream[len(TURN_PREFIX):], reply["toVersion"])
+        return reply
 
     async def append_streams(self, groups: list[tuple[str, list[dict[str, Any]], int | None]],
                              patience_s: float | None = None) -> list[dict]:
@@ -115,6 +130,9 @@ class Backends:
         out = await patiently(lambda: self.rpc.call("ctx.persist.append_batch", req),
                               within_s=self.patience_s if patience_s is None else patience_s,
                               what=f"append {', '.join(s for s, _, _ in groups)}")
+        for (stream, _, _), result in zip(groups, out["results"], strict=False):
+            if stream.startswith(TURN_PREFIX):
+                await announce_appended(self.rpc.broker, stream[len(TURN_PREFIX):], result["toVersion"])
         return out["results"]
 
     async def stream_last(self, stream: str) -> dict:
@@ -141,11 +159,15 @@ class Backends:
             nxt = page["nextVersion"]
 
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
-                            truncate_threshold: int | None, event_id: str | None = None) -> dict:
+                            truncate_threshold: int | None, event_id: str | None = None,
+                            turn_append: dict[str, Any] | None = None) -> dict:
         """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.
-        Idempotent by ``event_id`` (a resumed turn passes the same one)."""
+        Idempotent by ``event_id`` (a resumed turn passes the same one). ``turn_append`` ({streamId, expectedVersion,
+        events} of the turn's own stream) is stored in the same commit as the messages."""
         req = {"conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
                "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}
+        if turn_append is not None:
+            req["turnAppend"] = turn_append
         # sized per call: the lane writes the turn's large outputs to the blob store before it appends, so its time
         # grows with the messages; a persistence replica that died with the request costs one such attempt
         size = len(json.dumps(messages, ensure_ascii=False, default=str))

@@ -28,15 +28,25 @@ async def publish_delta(broker: Any, delta: TurnTextDelta) -> None:
     await broker.publish(dump(delta), f"{DELTA_SUBJECT}.{delta.turnId}")
 
 
-class DeltaFeed:
-    """A turn's live deltas, kept as they arrived (the SSE stream passes the bytes on as they are). A malformed or
-    surplus delta is dropped: the turn's events carry the text anyway."""
+class TurnFeed:
+    """What an SSE stream of one turn listens to, on one subscription ``ctx.turn.*.<turnId>``: the live text deltas
+    (kept as they arrived, when ``deltas``: the stream passes the bytes on as they are) and the wake-ups —
+    ``ctx.turn.appended.<turnId>`` (an event was stored) and ``ctx.turn.ended.<turnId>`` — that tell it to read the
+    turn's events now rather than on its backstop timer. A malformed or surplus delta is dropped: the turn's events
+    carry the text anyway."""
 
-    def __init__(self, maxsize: int = 10_000) -> None:
+    def __init__(self, deltas: bool = True, maxsize: int = 10_000) -> None:
+        self.deltas = deltas
         self.live: asyncio.Queue[bytes] = asyncio.Queue(maxsize=maxsize)
+        self.stored = asyncio.Event()  # something was appended since the reader last cleared it
         self._sub: Any = None
 
     async def on_message(self, msg: Any) -> None:
+        if not msg.subject.startswith(DELTA_SUBJECT + "."):
+            self.stored.set()
+            return
+        if not self.deltas:
+            return
         try:
             text_delta(msg.data)
             self.live.put_nowait(msg.data)
@@ -44,9 +54,29 @@ class DeltaFeed:
             pass
 
     async def subscribe(self, connection: Any, turn_id: str) -> None:
-        self._sub = await connection.subscribe(f"{DELTA_SUBJECT}.{turn_id}", cb=self.on_message)
+        self._sub = await connection.subscribe(f"ctx.turn.*.{turn_id}", cb=self.on_message)
+
+    async def next_delta(self, timeout: float) -> bytes | None:
+        """The next live delta, or None once ``timeout`` passed or an append was announced (read the events)."""
+        if self.stored.is_set():
+            return None
+        get = asyncio.ensure_future(self.live.get())
+        stored = asyncio.ensure_future(self.stored.wait())
+        try:
+            await asyncio.wait({get, stored}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stored.cancel()
+            if not get.done():
+                get.cancel()
+        # a delta that arrived while the wait returned is kept, not dropped with its task
+        if get.done() and not get.cancelled():
+            return get.result()
+        return None
 
     async def close(self) -> None:
         if self._sub is not None:
-            await self._sub.unsubscribe()
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - a closed connection has dropped it already
+                pass
             self._sub = None

@@ -24,7 +24,7 @@ from ..adapters import content
 from ..adapters.aborts import publish_abort
 from ..adapters.auth import Authenticator
 from ..adapters.backends import Backends, new_event
-from ..adapters.deltas import DeltaFeed
+from ..adapters.deltas import TurnFeed
 from ..adapters.work_queue import TurnQueue
 from ..domain.keys import KEY_INDEX, KEY_STREAM, LEGACY_TENANT, Principal, new_key
 from ..domain.turn_state import TERMINAL, TurnState, event_id, fold
@@ -435,14 +435,16 @@ class Edge:
                            poll_s: float, disconnected: Callable[[], Awaitable[bool]]
                            ) -> AsyncIterator[dict[str, str]]:
         """The turn's events from version ``start`` as SSE items, ending with the terminal one; between reads the
-        live text deltas (no ``id``: never replayed)."""
+        live text deltas (no ``id``: never replayed). The stream reads when an append to the turn is announced
+        (``ctx.turn.appended``/``ended``) and otherwise every ``poll_s`` — the backstop for a lost notice."""
         nxt = start
-        feed = DeltaFeed()
-        if deltas and not st.done:
+        feed = TurnFeed(deltas=deltas)
+        if not st.done:
             await feed.subscribe(self.backends.rpc.broker.connection, turn_id)
         loop = asyncio.get_running_loop()
         try:
             while not await disconnected():
+                feed.stored.clear()  # an append announced from here on triggers the next read
                 page = await self.backends.read_stream(f"turn:{turn_id}", nxt)
                 # deltas that arrived while the page was read go first: a step's text is published before its
                 # StepServed is appended, so the client sees the text live, then the record
@@ -454,11 +456,12 @@ class Edge:
                     yield {"event": ev["type"], "id": str(ev["version"]), "data": json.dumps(ev["data"])}
                     if ev["type"] in TERMINAL:
                         return
+                if page.get("more"):
+                    continue  # more is stored already: no wait
                 deadline = loop.time() + poll_s
                 while (left := deadline - loop.time()) > 0:
-                    try:
-                        data = await asyncio.wait_for(feed.live.get(), left)
-                    except TimeoutError:
+                    data = await feed.next_delta(left)
+                    if data is None:
                         break
                     yield {"event": "TextDelta", "data": data.decode()}
         finally:

@@ -1,0 +1,93 @@
+"""SSE streams read a turn's events when an append is announced (``ctx.turn.appended.<turnId>``), not on a timer:
+an append through ``Backends.append`` to ``turn:<id>`` wakes the feed of that turn and no other, and the feed still
+hands over live text deltas in arrival order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import nats
+import pytest
+from ctxbuild_orchestration.adapters.backends import Backends, new_event
+from ctxbuild_orchestration.adapters.deltas import TurnFeed
+
+pytestmark = pytest.mark.integration
+
+
+def abort_requested(turn_id: str) -> dict:
+    return new_event("TurnAbortRequested", {"turnId": turn_id, "reason": "test"})
+
+
+@pytest.fixture(scope="module")
+def persistence(start_service) -> str:
+    return start_service("persistence")
+
+
+async def test_an_append_to_a_turn_wakes_its_feed_and_no_other(persistence, rpc, stack):
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-test")
+    mine, other = f"t-{uuid.uuid4().hex}", f"t-{uuid.uuid4().hex}"
+    feed, bystander = TurnFeed(), TurnFeed()
+    try:
+        await feed.subscribe(nc, mine)
+        await bystander.subscribe(nc, other)
+        await nc.flush()
+        reply = await Backends(rpc).append(f"turn:{mine}", [abort_requested(mine)])
+        await asyncio.wait_for(feed.stored.wait(), timeout=10)
+        assert await feed.next_delta(5.0) is None  # an announced append ends the wait for deltas at once
+        assert not bystander.stored.is_set()
+        assert reply["toVersion"] == 1
+        # an append to a stream that is not a turn announces nothing
+        await Backends(rpc).append(f"other:{other}", [abort_requested(other)])
+        await nc.flush()
+        assert not bystander.stored.is_set()
+        # one commit over several streams announces each turn stream in it
+        feed.stored.clear()
+        results = await Backends(rpc).append_streams([(f"elsewhere:{mine}", [abort_requested(mine)], None),
+                                                      (f"turn:{mine}", [abort_requested(mine)], 1)])
+        await asyncio.wait_for(feed.stored.wait(), timeout=10)
+        assert results[1]["toVersion"] == 2
+        assert not bystander.stored.is_set()
+    finally:
+        await feed.close()
+        await bystander.close()
+        await nc.drain()
+
+
+async def test_the_feed_hands_over_deltas_in_order_and_drops_malformed_ones(stack):
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-deltas")
+    turn = f"t-{uuid.uuid4().hex}"
+    feed = TurnFeed()
+    try:
+        await feed.subscribe(nc, turn)
+        await nc.flush()
+        deltas = [json.dumps({"turnId": turn, "step": 1, "seq": i, "text": f"part {i}"}).encode() for i in range(3)]
+        await nc.publish(f"ctx.turn.delta.{turn}", deltas[0])
+        await nc.publish(f"ctx.turn.delta.{turn}", b'{"not": "a delta"}')
+        for d in deltas[1:]:
+            await nc.publish(f"ctx.turn.delta.{turn}", d)
+        await nc.flush()
+        got = [await feed.next_delta(10.0) for _ in deltas]
+        assert got == deltas
+        assert not feed.stored.is_set()
+    finally:
+        await feed.close()
+        await nc.drain()
+
+
+async def test_a_feed_without_deltas_only_wakes(stack):
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-nodeltas")
+    turn = f"t-{uuid.uuid4().hex}"
+    feed = TurnFeed(deltas=False)
+    try:
+        await feed.subscribe(nc, turn)
+        await nc.flush()
+        await nc.publish(f"ctx.turn.delta.{turn}", json.dumps({"turnId": turn, "step": 1, "seq": 0,
+                                                               "text": "x"}).encode())
+        await nc.publish(f"ctx.turn.ended.{turn}", json.dumps({"turnId": turn, "type": "TurnCompleted"}).encode())
+        await asyncio.wait_for(feed.stored.wait(), timeout=10)
+        assert feed.live.empty()
+    finally:
+        await feed.close()
+        await nc.drain()
