@@ -11,6 +11,7 @@ import hashlib
 import json
 import threading
 
+import asyncpg
 import httpx
 import pytest
 from ctxbuild_devstack import free_port
@@ -70,6 +71,17 @@ async def path_of(http: httpx.AsyncClient, cid: str) -> list[dict]:
 
 async def turn_log(http: httpx.AsyncClient, cid: str, tid: str) -> dict:
     return (await http.get(f"/v1/conversations/{cid}/turns/{tid}")).json()
+
+
+async def events_of(stack, *streams: str) -> list[dict]:
+    """The stored events of the streams as Postgres holds them, with the writing transaction (``tx``)."""
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        rows = await conn.fetch("SELECT stream_id, version, type, tx::text AS tx FROM persistence.events "
+                                "WHERE stream_id = ANY($1) ORDER BY position", list(streams))
+    finally:
+        await conn.close()
+    return [dict(r) for r in rows]
 
 
 def sse_data(raw: str) -> list[str]:
@@ -315,7 +327,7 @@ async def test_models_and_errors_in_each_dialect(gw, fake_openai):
         assert failed.headers["x-ctx-turn-id"].startswith("turn_")
 
 
-async def test_one_running_turn_per_conversation(gw, fake_openai):
+async def test_one_running_turn_per_conversation(gw, fake_openai, stack):
     """A second request on a conversation whose turn is still running is refused (409, the dialect's shape);
     once the first ends the conversation takes requests again."""
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
@@ -335,8 +347,13 @@ async def test_one_running_turn_per_conversation(gw, fake_openai):
                                headers={"X-Ctx-Conversation-Id": cid})
         hold.set()
         done = await first
+        path = await path_of(http, cid)
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "conversation_busy"
     assert done.status_code == 200 and done.json()["choices"][0]["message"]["content"] == "slow answer"
+    # the refused request stored nothing: its message is in no path, its turn was never admitted
+    assert "meanwhile" not in json.dumps(path) and "slow" in json.dumps(path)
+    admissions = await events_of(stack, f"conversation-turns:{cid}")
+    assert len(admissions) == 2  # the first request's and the slow one's
 
 
 async def test_tool_choice_and_options_reach_either_upstream(gw, fake_openai, fake_anthropic):
@@ -418,3 +435,27 @@ async def test_a_turn_started_elsewhere_still_holds_the_conversation(gw, fake_op
         again = await http.post("/v1/chat/completions", json=chat(
             *history, {"role": "assistant", "content": "first"}, user("and now?")))
     assert again.status_code == 200 and again.headers["x-ctx-conversation-id"] == cid
+
+
+async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_openai, stack):
+    """A new conversation's admission, creation, message and turn command are written by one transaction, and so
+    are a continuation's admission, new messages and command (``ctx.persist.append_batch``): never a half-stored
+    request."""
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": "one"}
+        r = await http.post("/v1/chat/completions", json=chat(user("one commit: hello")))
+        assert r.status_code == 200, r.text
+        cid, tid = r.headers["x-ctx-conversation-id"], r.headers["x-ctx-turn-id"]
+        fake_openai.reply_next = {"role": "assistant", "content": "two"}
+        r2 = await http.post("/v1/chat/completions", json=chat(
+            user("one commit: hello"), {"role": "assistant", "content": "one"}, user("and again")))
+        assert r2.status_code == 200 and r2.headers["x-ctx-conversation-id"] == cid
+        tid2 = r2.headers["x-ctx-turn-id"]
+    rows = await events_of(stack, f"conversation-turns:{cid}", f"conversation:{cid}", f"turn:{tid}", f"turn:{tid2}")
+    first = [(r["stream_id"], r["type"]) for r in rows if r["tx"] == rows[0]["tx"]]
+    assert first == [(f"conversation-turns:{cid}", "TurnAdmitted"), (f"conversation:{cid}", "ConversationCreated"),
+                     (f"conversation:{cid}", "UserMessageAdded"), (f"turn:{tid}", "TurnQueued")]
+    queued2 = next(r for r in rows if r["stream_id"] == f"turn:{tid2}" and r["type"] == "TurnQueued")
+    second = [(r["stream_id"], r["type"]) for r in rows if r["tx"] == queued2["tx"]]
+    assert second == [(f"conversation-turns:{cid}", "TurnAdmitted"), (f"conversation:{cid}", "UserMessageAdded"),
+                      (f"turn:{tid2}", "TurnQueued")]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +42,7 @@ ADMISSION_GRACE_S = 60.0
 # an abort of a running turn: the runner holding it ends it at once (wake-up) or at its next write; a turn whose
 # runner is gone is ended by the edge after this long (the same terminal event id: still exactly one)
 ABORT_GRACE_S = 10.0
+ENDED_TURNS_KEPT = 10_000  # turns this replica saw end (their end notice): admission reads nothing about them
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,15 @@ class Edge:
         self.max_steps_limit = max_steps_limit
         self.abort_grace_s = abort_grace_s
         self.watchdogs: set[asyncio.Task] = set()  # held: an unreferenced task may be collected before it runs
+        # a hint, never the record: a turn in it has ended for sure (a terminal event is final); a miss reads
+        self.ended_turns: OrderedDict[str, None] = OrderedDict()
+
+    def turn_ended(self, turn_id: str) -> None:
+        """This replica saw ``turn_id``'s terminal event stored (its end notice, or the event itself)."""
+        self.ended_turns[turn_id] = None
+        self.ended_turns.move_to_end(turn_id)
+        while len(self.ended_turns) > ENDED_TURNS_KEPT:
+            self.ended_turns.popitem(last=False)
 
     # ---------- ownership and reads
     async def conversation_settings(self, conversation_id: str, who: Principal) -> dict[str, Any]:
@@ -151,13 +162,9 @@ class Edge:
         return st, events
 
     async def stream_tail(self, stream: str) -> tuple[int, dict[str, Any] | None]:
-        """A stream's version and its last event (two small reads at most, whatever the stream's length)."""
-        head = await self.backends.read_stream(stream, 1, limit=1)
-        last = head["lastVersion"]
-        if not last:
-            return 0, None
-        page = head if last == 1 else await self.backends.read_stream(stream, last, limit=1)
-        return last, (page["events"][0] if page["events"] else None)
+        """A stream's version and its last event: one read, whatever the stream's length."""
+        page = await self.backends.stream_last(stream)
+        return page["lastVersion"], (page["events"][0] if page["events"] else None)
 
     # ---------- conversations
     async def create_conversation(self, who: Principal, title: str | None,
@@ -239,12 +246,12 @@ class Edge:
             raise ServiceError(f"maxSteps {max_steps} is above this server's limit {self.max_steps_limit}",
                                code="invalid-payload")
 
-    async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
-                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
-                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None) -> None:
-        """``extra``: more TurnQueued fields (the gateway's client tools, system prompt, options). ``alongside``:
-        work the runner needs done before the command is submitted, not before it is recorded (the gateway's new
-        messages): run beside the TurnQueued append; a failure of either submits nothing."""
+    @staticmethod
+    def queued_event(conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
+                     settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
+                     extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The turn's command (TurnQueued, version 1 of ``turn:<id>``). ``extra``: more fields (the gateway's
+        client tools, system prompt, options)."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn continues this request's trace on whichever replica runs it
         cmd = {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": user_message_id,
@@ -253,13 +260,28 @@ class Edge:
             cmd["maxSteps"] = max_steps
         if regenerate_of:
             cmd["regenerateOf"] = regenerate_of
-        recorded = self.backends.append(f"turn:{turn_id}", [new_event("TurnQueued", cmd)], expected=0)
+        return new_event("TurnQueued", cmd)
+
+    async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
+                      settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
+                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None) -> None:
+        """Record the command, then submit it. ``alongside``: work the runner needs done before the command is
+        submitted, not before it is recorded: run beside the TurnQueued append; a failure of either submits
+        nothing."""
+        cmd = self.queued_event(conversation_id, turn_id, user_message_id, provider, settings, max_steps,
+                                regenerate_of, extra)
+        recorded = self.backends.append(f"turn:{turn_id}", [cmd], expected=0)
         if alongside is None:
             await recorded
         else:
             for outcome in await asyncio.gather(recorded, alongside, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     raise outcome
+        await self.submit(turn_id, conversation_id)
+
+    async def submit(self, turn_id: str, conversation_id: str) -> None:
+        """The recorded command to the work queue; a refusal ends the turn (its admission no longer holds the
+        conversation)."""
         try:
             await self.queue.submit(turn_id, conversation_id)
         except Exception as exc:
@@ -269,7 +291,10 @@ class Edge:
             raise ServiceError(f"the work queue is unavailable: {exc}", code="unavailable", retryable=True) from exc
 
     async def still_running(self, admitted: Mapping[str, Any]) -> bool:
-        """Has the turn of an admission not ended yet? (No event yet: being queued right now, unless abandoned.)"""
+        """Has the turn of an admission not ended yet? (No event yet: being queued right now, unless abandoned.)
+        A turn this replica saw end is not read."""
+        if admitted["data"]["turnId"] in self.ended_turns:
+            return False
         _, latest = await self.stream_tail(f"turn:{admitted['data']['turnId']}")
         if latest is None:
             at = datetime.fromisoformat(admitted["recordedAt"])
@@ -277,47 +302,64 @@ class Edge:
         return latest["type"] not in TERMINAL
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
-                    regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
+                    regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None,
+                    alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> int:
         """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
         ended, and the new admission is appended with the admissions stream's expected version — of concurrent
         requests exactly one is admitted, the others get 409. ``fresh``: a conversation this request has just
         created has no admission yet (nothing to read; expected version 0 still guards it). ``ended_at``: the
         version of an admission whose turn the caller saw end — appended after it without reading; anything
-        admitted since makes that append conflict, and the stream is then read as usual. Returns the version of
-        the new admission."""
+        admitted since makes that append conflict, and the stream is then read as usual. ``alongside``: appends
+        ``(stream, events, expected version)`` stored in the admission's commit (``ctx.persist.append_batch``): a
+        refused admission stores none of them, an admitted one all. Returns the version of the new admission."""
         stream = ADMISSIONS_PREFIX + conversation_id
         data = {"turnId": turn_id, "userMessageId": user_message_id}
         if regenerate_of:
             data["regenerateOf"] = regenerate_of
+
+        async def write(expected: int) -> None:
+            admission = [new_event("TurnAdmitted", data)]
+            if alongside:
+                await self.backends.append_streams([(stream, admission, expected), *alongside])
+            else:
+                await self.backends.append(stream, admission, expected=expected)
+
+        def lost(exc: RemoteError) -> bool:  # the admission's own version moved (not another group's)
+            return exc.code == "version-conflict" and (exc.details or {}).get("streamId", stream) == stream
+
         if ended_at is not None:
             try:
-                await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=ended_at)
+                await write(ended_at)
                 return ended_at + 1
             except RemoteError as exc:
-                if exc.code != "version-conflict":
+                if not lost(exc):
                     raise
         version, previous = (0, None) if fresh else await self.stream_tail(stream)
         if previous is not None and await self.still_running(previous):
             raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         try:
-            await self.backends.append(stream, [new_event("TurnAdmitted", data)], expected=version)
+            await write(version)
         except RemoteError as exc:
-            if exc.code == "version-conflict":  # another request was admitted between our read and our append
+            if lost(exc):  # another request was admitted between our read and our append
                 raise turn_in_progress(conversation_id, None) from exc
             raise
         return version + 1
 
     async def admit_for(self, who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
-                        regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None) -> int:
+                        regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None,
+                        alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> int:
         """The caller's running-turn limit (429), then the conversation's one running turn (409); the new
-        admission's version."""
+        admission's version (``alongside``: see :meth:`admit`)."""
         async def running(t: str) -> bool:
+            if t in self.ended_turns:
+                return False
             _, latest = await self.stream_tail(f"turn:{t}")
             return latest is None or latest["type"] not in TERMINAL
 
         await self.auth.admit_turn(who, turn_id, running)
         try:
-            return await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh, ended_at)
+            return await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh, ended_at,
+                                    alongside)
         except BaseException:
             self.auth.turn_not_started(who, turn_id)
             raise

@@ -7,12 +7,15 @@
    prefix ends at; the tenant seeds the chain, so tenants never share a prefix. The messages after the matched
    prefix are new: they hang under that message — the end of the conversation, or an earlier message when the
    client edited one (a branch). Nothing matched: a new conversation, its window from the model table.
-2. The new messages are stored through the persist lane in one call (idempotent by the turn), client tool
-   results trimmed by the in-flight lane first (``ctx.truncate.step``, offloads owned by the turn until the lane
-   promotes them to the message), so every later request renders them as the model first saw them.
-3. The turn is admitted (one running turn per conversation, the key's running-turn limit) and queued like any
+2. The turn is admitted (one running turn per conversation, the key's running-turn limit) and queued like any
    other, the client's tools, tool choice and system prompt in its command (TurnQueued); the runner offers the
-   client's tools beside ctxbuild's own and ends the turn when the model calls one of them.
+   client's tools beside ctxbuild's own and ends the turn when the model calls one of them. The admission, a new
+   conversation's creation, the new messages and the command are ONE commit (``ctx.persist.append_batch``): a
+   refused admission (409) stores none of them. Then the command is submitted to the work queue.
+3. New messages with client tool results are stored through the persist lane instead (one call, idempotent by
+   the turn; after the admission, before the submit), the results trimmed by the in-flight lane first
+   (``ctx.truncate.step``, offloads owned by the turn until the lane promotes them to the message), so every later
+   request renders them as the model first saw them.
 4. The waiter subscribes to the turn's live deltas and its end notice before queueing (adapters/turn_watch.py),
    so nothing is missed and nothing is polled; the terminal event is read once, the result assembled from the
    turn's events, and the produced answer's prefix recorded before the client gets it (its next request finds
@@ -32,6 +35,7 @@ from typing import Any
 import structlog
 from ctxbuild_blobclient import content_ref
 from ctxbuild_platform.errors import RemoteError, ServiceError
+from fastapi import HTTPException
 
 from ..adapters import content
 from ..adapters.backends import new_event
@@ -251,37 +255,45 @@ class Gateway:
         watch = TurnWatch()  # before the turn is queued: its deltas and end cannot be missed
         await watch.subscribe(self.backends.rpc.broker.connection, turn_id)
         started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created, who=who)
-        admitted = False
-
-        async def store() -> None:
-            await self.store_input(conversation_id, turn_id, stored, cs, creation)
+        provider = {"kind": model.dialect, "model": model.upstream_model}
+        queued = self.edge.queued_event(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
+                                        extra=self.command_fields(req, model.dialect, hashes[-1]))
+        lane = any(p.get("type") == "tool-result" for m in stored if m["role"] == "tool" for p in m["parts"])
+        # input that must be trimmed or stored by reference first is stored after a continuation's admission, so a
+        # busy conversation (409) stores nothing; otherwise one commit holds it all
+        early = not created and (lane or not all(inline(m) for m in stored))
+        admitted = sent = False
+        try:
+            ended_at = None if created else self.ended.pop(conversation_id, None)
+            if early:
+                started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
+                                                              ended_at=ended_at)
+                admitted = True
+            conversation = [creation] if creation else []
+            if not lane:
+                conversation += await self.input_events(conversation_id, stored)
+            groups = [(f"turn:{turn_id}", [queued], 0)]
+            if conversation:
+                groups.insert(0, (f"conversation:{conversation_id}", conversation, 0 if creation else None))
+            sent = True
+            if admitted:
+                await self.backends.append_streams(groups)
+            else:  # admission, creation, new messages and command: one commit, all or nothing
+                started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=created,
+                                                              ended_at=ended_at, alongside=groups)
+                admitted = True
+            if lane:
+                await self.store_results(conversation_id, turn_id, stored, cs)
             # recorded beside the turn; awaited before the response ends
             started.records = asyncio.create_task(self._record_all(
                 [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
-
-        async def admit_fresh() -> None:
-            nonlocal admitted
-            started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=True)
-            admitted = True
-
-        provider = {"kind": model.dialect, "model": model.upstream_model}
-        fields = self.command_fields(req, model.dialect, hashes[-1])
-        try:
-            if created:
-                # nobody else knows the conversation yet: created, stored, admitted and its command recorded at
-                # once; the command is submitted once all of them are stored
-                together = asyncio.gather(admit_fresh(), store())
-                await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
-                                        extra=fields, alongside=together)
-            else:  # admitted first: a busy conversation (409) stores nothing
-                started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
-                                                              ended_at=self.ended.pop(conversation_id, None))
-                admitted = True
-                await self.edge.enqueue(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
-                                        extra=fields, alongside=store() if stored else None)
+            await self.edge.submit(turn_id, conversation_id)
         except BaseException as exc:
             await watch.close()
-            if admitted or created:  # a recorded command must end (one terminal event), run or not
+            # a recorded command must end (one terminal event), run or not; a refused commit stored nothing (a
+            # 409, an invalid input), and neither did a 429 (HTTPException: before any write)
+            if admitted or (sent and not isinstance(exc, HTTPException)
+                            and not (isinstance(exc, ServiceError) and not exc.retryable)):
                 await asyncio.shield(self.edge.abandon(turn_id, exc))
             raise
         return started
@@ -307,24 +319,19 @@ class Gateway:
     async def _record_all(self, rows: list[tuple[str, str, str, int]]) -> None:
         await asyncio.gather(*(self._record(*r) for r in rows))
 
-    async def store_input(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
-                          cs: dict[str, Any], creation: dict[str, Any] | None = None) -> None:
-        """The new messages (after ``creation``, a new conversation's ConversationCreated). Without tool results:
-        one append (large parts by reference, owned by the conversation, as the API stores a user message). With
-        client tool results: one persist-lane call (idempotent by the turn), the results trimmed in flight first,
-        exactly as the runner trims its own tools' results."""
-        stream = f"conversation:{conversation_id}"
+    async def input_events(self, conversation_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The new messages without client tool results as events (large parts by reference, owned by the
+        conversation, as the API stores a user message)."""
+        small = await asyncio.gather(*(content_ref.store_message_parts(
+            self.backends.blobs, m, conversation_id, ("conversation", conversation_id), "tool_output")
+            for m in messages))
+        return [new_event("UserMessageAdded", {"message": m}) for m in small]
+
+    async def store_results(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
+                            cs: dict[str, Any]) -> None:
+        """New messages with client tool results: one persist-lane call (idempotent by the turn), the results
+        trimmed in flight first, exactly as the runner trims its own tools' results."""
         results = [p for m in messages if m["role"] == "tool" for p in m["parts"] if p.get("type") == "tool-result"]
-        if not results:
-            small = await asyncio.gather(*(content_ref.store_message_parts(
-                self.backends.blobs, m, conversation_id, ("conversation", conversation_id), "tool_output")
-                for m in messages))
-            events = [new_event("UserMessageAdded", {"message": m}) for m in small]
-            await self.backends.append(stream, [creation, *events] if creation else events,
-                                       expected=0 if creation else None)
-            return
-        if creation is not None:
-            await self.backends.append(stream, [creation], expected=0)
         settings = {"truncateThreshold": cs.get("truncateThreshold"), "contextWindow": cs.get("contextWindow"),
                     "reservation": cs.get("reservation")}
         try:
@@ -369,6 +376,7 @@ class Gateway:
     async def finish(self, started: Started) -> Finished:
         """The ended turn's result from its events; the answer's prefix recorded before the client sees it."""
         await started.watch.close()
+        self.edge.turn_ended(started.turn_id)  # its next admission reads nothing about it
         if started.who is not None:  # ended: no longer counts against the key's running turns
             self.edge.auth.turn_not_started(started.who, started.turn_id)
         self.turn_ended(started)
@@ -424,6 +432,11 @@ class Gateway:
         task = asyncio.create_task(run(), name=f"gateway-abort:{started.turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+def inline(message: dict[str, Any]) -> bool:
+    """Are the message's parts small enough to stay in their event (nothing to store by reference first)?"""
+    return len(content_ref.encode(message["parts"])) <= content_ref.INLINE_MAX_BYTES
 
 
 def storable_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
