@@ -39,6 +39,7 @@ class CompleteTurnRequest(PersistCompleteTurnRequest):
     messages: Annotated[list[JSON], Field(min_length=1)]
     usage: JSON | None = None
     metadata: JSON | None = None
+    turnAppend: AppendRequest | None = None  # the turn's own events, in the same commit (persist_lane)
 
 
 class StoredEvent(RecordedEvent):

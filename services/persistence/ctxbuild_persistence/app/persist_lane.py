@@ -20,6 +20,10 @@
    may have happened) releases nothing — a leaked reference costs storage, a released one could lose data; the
    caller retries with the same eventId.
 
+With ``turnAppend`` (the turn's own events, e.g. its last StepServed and TurnCompleted) step 4's append carries them
+too: both streams in ONE transaction (``EventStore.append_batch``), so a turn's end is one commit — stored whole or
+not at all, a retry of the whole request a no-op. They are checked before any blob is written.
+
 Outputs the in-flight lane already offloaded (typed ``offload`` with a sha256) are stored as they are; their
 blob gets a ``tool_output`` reference owned by the message (``ctx.blob.ref``, promoted from the turn's
 provisional one) when the blob store offers that subject.
@@ -42,10 +46,10 @@ from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPay
 from ctxbuild_platform.telemetry import span
 
 from ..adapters.blobs import LaneBlobs
-from ..adapters.event_store import EventStore, dumps
+from ..adapters.event_store import AppendPart, EventStore, dumps
 from ..domain.append import NewEvent
 from ..domain.conversation import conversation_stream, fold
-from ..domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn
+from ..domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn, turn_stream
 from .models import AppendEvent, CompleteTurnRequest
 
 log = structlog.get_logger("persist_lane")
@@ -124,6 +128,7 @@ class PersistLane:
 
     async def complete_turn(self, req: CompleteTurnRequest) -> PersistCompleteTurnReply:
         cid, turn_id = req.conversationId, req.turnId
+        turn_part = self._turn_part(req)  # refused before anything is written
         messages: list[dict[str, Any]] = await asyncio.gather(
             *(self.blobs.resolve_parts(cid, m) for m in req.messages))
         threshold = persist_threshold(req.settings.truncateThreshold if req.settings is not None else None)
@@ -159,16 +164,18 @@ class PersistLane:
             turn = {"eventId": str(req.eventId), "turnId": turn_id, "usage": req.usage, "metadata": req.metadata}
             events = completed_events(turn, small, self.event_budget)
             stream = conversation_stream(cid)
+            conv_part = AppendPart(stream, req.expectedVersion, self.to_events(
+                [AppendEvent.model_validate(e) for e in events], stream))
             try:
-                result = await self.store.append(stream, req.expectedVersion, self.to_events(
-                    [AppendEvent.model_validate(e) for e in events], stream))
+                results = await self.store.append_batch([conv_part] if turn_part is None else [conv_part, turn_part])
             except (Conflict, InvalidPayload) as exc:
                 log.warning("complete-turn-refused", conversation=cid, turn=turn_id, code=exc.code,
                             error=exc.message[:300])
                 if owners:
                     await self._release_unstored(cid, owners)
                 raise
-            if result["duplicates"] < len(events):
+            result = results[0]
+            if any(r["duplicates"] < len(p.events) for r, p in zip(results, [conv_part, turn_part], strict=False)):
                 self.on_appended()
             elif writes:
                 await self._release_unused(result["positions"], writes, uris, cid)
@@ -176,9 +183,24 @@ class PersistLane:
             sp.set_attribute("ctx.persist.parts", len(report))
             sp.set_attribute("ctx.persist.blobs", sum(1 for u in uris if u))
         out: dict[str, Any] = {"append": result, "threshold": threshold, "parts": report}
+        if turn_part is not None:
+            out["turnAppend"] = results[1]
         if self.promote_inflight_refs:
             out["references"] = {"promoted": promoted, "failed": failed_refs}
         return PersistCompleteTurnReply.model_validate(out)
+
+    def _turn_part(self, req: CompleteTurnRequest) -> AppendPart | None:
+        """The request's own turn events as the second part of the one commit: only the turn's stream."""
+        extra = req.turnAppend
+        if extra is None:
+            return None
+        if extra.streamId != turn_stream(req.turnId):
+            raise InvalidPayload(f"turnAppend: only {turn_stream(req.turnId)!r} is appended with the turn's messages, "
+                                 f"not {extra.streamId!r}", details={"streamId": extra.streamId})
+        try:
+            return AppendPart(extra.streamId, extra.expectedVersion, self.to_events(extra.events, extra.streamId))
+        except InvalidPayload as exc:
+            raise InvalidPayload(f"turnAppend: {exc.message}", details=exc.details) from exc
 
     async def _release_unused(self, positions: Sequence[int], writes: Sequence[BlobWrite],
                               uris: Sequence[str | None], conversation_id: str) -> None:

@@ -41,6 +41,11 @@ class BlobWrite:
     text: str
 
 
+def turn_stream(turn_id: str) -> str:
+    """The stream a turn's own events live on (the only one ``turnAppend`` may name)."""
+    return f"turn:{turn_id}"
+
+
 def plan_turn(messages: Sequence[Mapping[str, Any]], threshold: int) -> list[PartPlan]:
     out: list[PartPlan] = []
     for i, m in enumerate(messages):

@@ -63,6 +63,12 @@ class PersistCompleteTurnReply(ContractModel):
         extra="forbid",
     )
     append: ctx_persist_append_reply.PersistAppendReply
+    turnAppend: Annotated[
+        ctx_persist_append_reply.PersistAppendReply | None,
+        Field(
+            description="the request's turnAppend, stored in the same commit as append (present only when it was requested)"
+        ),
+    ] = None
     threshold: Annotated[int, Field(description="the persist threshold applied", ge=0)]
     parts: list[Part]
     references: Annotated[

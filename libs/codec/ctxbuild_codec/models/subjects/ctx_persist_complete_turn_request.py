@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 from ..events import metadata as metadata_1
 from ..model import message
 from ..model import usage as usage_1
+from . import ctx_persist_append_request
 
 
 class Settings(ContractModel):
@@ -29,7 +30,7 @@ class Settings(ContractModel):
 
 class PersistCompleteTurnRequest(ContractModel):
     """
-    The persist lane (SPEC §7): store a turn's assistant and tool messages on stream conversation:<conversationId> as one AssistantMessageCompleted event. Before the event is appended, every oversized tool output of a `tool` message is trimmed by the codec library into a v1/v2 envelope (`persisted` output) and its full text is written to the blob store with a `tool_output` reference owned by the message. Blobs are written first (content-addressed, idempotent), then the event is appended; a part whose blob write failed keeps its full output. Retrying with the same eventId is safe (the event is stored once).
+    The persist lane (SPEC §7): store a turn's assistant and tool messages on stream conversation:<conversationId> as one AssistantMessageCompleted event (with `turnAppend`: together with the turn stream's own events, in one commit). Before the event is appended, every oversized tool output of a `tool` message is trimmed by the codec library into a v1/v2 envelope (`persisted` output) and its full text is written to the blob store with a `tool_output` reference owned by the message. Blobs are written first (content-addressed, idempotent), then the event is appended; a part whose blob write failed keeps its full output. Retrying with the same eventId is safe (the event is stored once).
     """
 
     model_config = ConfigDict(
@@ -58,3 +59,9 @@ class PersistCompleteTurnRequest(ContractModel):
     usage: usage_1.Usage | None = None
     settings: Settings | None = None
     metadata: metadata_1.EventMetadata | None = None
+    turnAppend: Annotated[
+        ctx_persist_append_request.PersistAppendRequest | None,
+        Field(
+            description="optional: events of the turn's own stream (streamId turn:<turnId>, e.g. the last StepServed and the terminal TurnCompleted) appended in the SAME transaction as the AssistantMessageCompleted events (ctx.persist.append_batch's rules): both or neither, so the turn's end is one commit. A conflict on either stream stores nothing. Absent: the conversation's events alone, as before."
+        ),
+    ] = None
