@@ -312,7 +312,16 @@ async def test_web_result_entities_stay_referenced_after_the_turn(edge, runners,
     tool_msg = next(m for m in httpx.get(f"{base}/v1/conversations/{cid}/messages", headers=AUTH,
                                          timeout=30).json()["messages"]
                     if m["role"] == "tool")
+    # the runner releases the turn's provisional references right after its closing commit (beside the end
+    # notice, not before it): the released state is waited for, the message's own reference is there already
     rows = await pg.fetch("SELECT sha256, owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = ANY($1)", shas)
+    assert ("message", "tool_output") in {(r["owner_kind"], r["role"]) for r in rows}, rows
+    for _ in range(300):
+        rows = await pg.fetch("SELECT sha256, owner_kind, owner_id, role FROM blobstore.refs WHERE sha256 = ANY($1)",
+                              shas)
+        if ("turn", "provisional") not in {(r["owner_kind"], r["role"]) for r in rows}:
+            break
+        await asyncio.sleep(0.1)
     by_role = {(r["owner_kind"], r["role"]) for r in rows}
     assert ("message", "tool_output") in by_role and ("turn", "provisional") not in by_role, rows
     assert {r["owner_id"] for r in rows if r["role"] == "tool_output"} == {tool_msg["id"]}

@@ -172,8 +172,11 @@ class Backends:
         # grows with the messages; a persistence replica that died with the request costs one such attempt
         size = len(json.dumps(messages, ensure_ascii=False, default=str))
         timeout = min(COMPLETE_TURN_TIMEOUT_S + size / (256 * 1024), 300.0)
-        return await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=timeout),
-                               within_s=self.patience_s, what=f"complete_turn {turn_id}")
+        reply = await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=timeout),
+                                within_s=self.patience_s, what=f"complete_turn {turn_id}")
+        if turn_append is not None and "turnAppend" in reply:  # the turn stream moved too: wake its followers
+            await announce_appended(self.rpc.broker, turn_id, reply["turnAppend"]["toVersion"])
+        return reply
 
     async def history(self, conversation_id: str) -> dict:
         """The newest page of the path (its last message is the anchor a new message hangs under)."""

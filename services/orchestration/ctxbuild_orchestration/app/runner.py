@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 from ctxbuild_blobclient import content_ref
-from ctxbuild_codec.budgets import input_room
+from ctxbuild_codec.budgets import compaction_budget, input_room
 from ctxbuild_codec.envelopes import render_part
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_codec.tokens import count_messages, count_text
@@ -107,8 +107,38 @@ class TurnStream:
         self.turn_id = turn_id
         self.stream = f"turn:{turn_id}"
         self.version = version
+        self._pending: asyncio.Task | None = None
+
+    def emit_beside(self, type_: str, data: dict[str, Any], *key: Any) -> None:
+        """Start the append and return at once: what follows runs beside it (e.g. the model call). Versions stay
+        sequential: every later append of this stream — :meth:`emit`, :meth:`settle`, the terminal event — first
+        awaits this one, and its failure (a conflict: :meth:`_why_moved`) surfaces there."""
+        prev = self._pending
+
+        async def run() -> None:
+            if prev is not None:
+                await prev
+            await self._append([{"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data}])
+
+        task = asyncio.create_task(run())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved by settle; no stray warning
+        self._pending = task
+
+    async def settle(self) -> None:
+        """Wait for the append started by :meth:`emit_beside` (raising what it raised)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            await pending
+
+    def abandon(self) -> None:
+        """The attempt ends without settling (cancelled, failed elsewhere): an unfinished append is cancelled. Its
+        expected version keeps it from landing after anything written later."""
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+        self._pending = None
 
     async def emit(self, type_: str, data: dict[str, Any], *key: Any) -> None:
+        await self.settle()
         await self._append([{"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data}])
 
     async def emit_many(self, items: list[tuple[str, dict[str, Any], tuple[Any, ...]]]) -> None:
@@ -120,10 +150,12 @@ class TurnStream:
         for type_, data, key in items:
             n = len(json.dumps(data, ensure_ascii=False))
             if batch and size + n > APPEND_BATCH_BYTES:
+                await self.settle()
                 await self._append(batch)
                 batch, size = [], 0
             batch.append({"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data})
             size += n
+        await self.settle()
         if batch:
             await self._append(batch)
 
@@ -168,6 +200,17 @@ def progress(phase: str, turn_id: str, d: dict[str, Any], step: int | None = Non
     if step is not None:
         data["step"] = step
     return data
+
+
+def nothing_to_fold(served: list[dict[str, Any]], fixed: int, settings: dict[str, Any]) -> bool:
+    """ctx.compact.in_loop's answer known here: with no checkpoint and no message of the turn yet (its first step),
+    the candidate is the turn-start window itself, and compaction serves it unchanged when folding is off, the window
+    is unknown, or the candidate is within the trigger — the same budget and token counter (libs/codec) as the
+    service's plan (compaction/domain/in_loop.py)."""
+    if not settings.get("compressEnabled", True):
+        return True
+    budget = compaction_budget(settings.get("contextWindow"), settings.get("reservation"))
+    return budget is None or fixed + count_messages(served) <= budget.trigger
 
 
 def dialect_of(provider: Provider) -> str:
@@ -250,6 +293,9 @@ class TurnRunner:
             return await self._run_attempt(turn_id, attempt)
         except TurnEnded:
             return "already-done"
+        except TurnTakenOver as exc:  # met while ending the turn (an append started beside the work had conflicted)
+            log.warning("turn-taken-over", turn_id=turn_id, error=str(exc))
+            return "taken-over"
         except TerminalNotStored as exc:
             log.error("turn-end-not-stored", turn_id=turn_id, error=str(exc)[:300])
             return "unended"
@@ -278,10 +324,10 @@ class TurnRunner:
                                                "and never finished; it is failed so it cannot crash another "
                                                "replica", retryable=True)
                         return "failed"
-                    if not st.started:
-                        await ts.emit("TurnStarted", {"turnId": turn_id, "conversationId": cmd["conversationId"],
-                                                      "userMessageId": cmd["userMessageId"],
-                                                      "anchorId": cmd["userMessageId"]})
+                    if not st.started:  # beside turn-start compaction (which reads the conversation, not the turn)
+                        ts.emit_beside("TurnStarted", {"turnId": turn_id, "conversationId": cmd["conversationId"],
+                                                       "userMessageId": cmd["userMessageId"],
+                                                       "anchorId": cmd["userMessageId"]})
                     else:
                         await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
                                                       "fromStep": st.next_step}, st.attempts + 1)
@@ -313,6 +359,7 @@ class TurnRunner:
                     await self._end_failed(st, ts, "internal", f"{type(exc).__name__}: {exc}")
                     return "failed"
         finally:
+            ts.abandon()
             otel_context.detach(token)
 
     async def abort_now(self, turn_id: str, reason: str) -> None:
@@ -341,6 +388,7 @@ class TurnRunner:
         """Store the terminal event, retrying while persistence is away (SPEC §15.4: a turn always ends). Another
         terminal event already stored under the same id (``event-id-conflict``) is the turn's end too. Still not
         stored after the patience → :class:`TerminalNotStored` (the command is not acknowledged)."""
+        await self._settled(ts)
         try:
             await self.backends.append(ts.stream, [event], patience_s=self.terminal_patience_s)
         except RemoteError as exc:
@@ -349,6 +397,17 @@ class TurnRunner:
                 return
             raise TerminalNotStored(f"{event['type']} of {ts.turn_id}: {exc}") from exc
         await publish_ended(self.backends.rpc.broker, ts.turn_id, event["type"], result)  # wakes a waiting gateway
+
+    async def _settled(self, ts: TurnStream) -> None:
+        """Before the terminal event: an append started beside the work is done. One that found another writer
+        ends this attempt without a terminal event (the other replica, or the turn's own end, owns it); any
+        other failure of it does not keep the turn from ending."""
+        try:
+            await ts.settle()
+        except (TurnTakenOver, TurnEnded):
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. an abort met by a progress event: the turn ends anyway
+            log.info("pending-append-not-stored", turn_id=ts.turn_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, st: TurnState, ts: TurnStream) -> None:
@@ -387,8 +446,8 @@ class TurnRunner:
             fit = fit_window(served, max(room - fixed, 0), user_message_id)
             served = fit.messages
             start["decision"].update(fallback=fit.stages, postTokens=fit.tokens, room=max(room - fixed, 0))
-        if not st.turn_start_recorded:
-            await ts.emit("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
+        if not st.turn_start_recorded:  # beside the next step's model call; the next append waits for it
+            ts.emit_beside("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
         checkpoint = st.checkpoint
         model_name = getattr(provider, "model", None) or getattr(provider, "name", "model")
 
@@ -404,10 +463,13 @@ class TurnRunner:
                         return await self._finish(st, ts, step, conversation_id, cs)
                     continue
                 turn_messages = st.messages(user_message_id)
-                with span("compaction.in_loop", **{"ctx.step": step}):
-                    messages, checkpoint = await self._in_loop(conversation_id, turn_id, step, served + turn_messages,
-                                                               checkpoint, start["retained"], fixed, compaction, ts,
-                                                               room, user_message_id)
+                if checkpoint is None and not turn_messages and nothing_to_fold(served, fixed, compaction):
+                    messages = served  # what ctx.compact.in_loop would serve as is: no round trip
+                else:
+                    with span("compaction.in_loop", **{"ctx.step": step}):
+                        messages, checkpoint = await self._in_loop(
+                            conversation_id, turn_id, step, served + turn_messages, checkpoint, start["retained"],
+                            fixed, compaction, ts, room, user_message_id)
                 messages, served_tokens = await self._within_window(messages, room, fixed, user_message_id, ts, step)
                 request = ModelRequest(model=model_name, system=system, messages=messages, tools=box.specs,
                                        max_output_tokens=cmd.get("maxOutputTokens"),
@@ -439,10 +501,11 @@ class TurnRunner:
                         served_ev["request"] = ref
                 served_ev["assistantMessage"] = await content.small_message(self.backends.blobs, a_msg,
                                                                             conversation_id, turn_id)
+                if not response.tool_calls:  # the last step: its StepServed goes in the turn's one closing commit
+                    st.steps[step] = StepRecord(step, a_msg, served_tokens=served_tokens, model_ms=model_ms)
+                    return await self._finish(st, ts, step, conversation_id, cs, served=served_ev)
                 await ts.emit("StepServed", served_ev, step)
                 st.steps[step] = StepRecord(step, a_msg, served_tokens=served_tokens, model_ms=model_ms)
-                if not response.tool_calls:
-                    return await self._finish(st, ts, step, conversation_id, cs)
                 if clients and client_calls(a_msg, clients):
                     return await self._hand_over(st, ts, step, provider, box, trunc_settings, cs, clients)
                 await self._tools(st, ts, step, provider, box, trunc_settings, conversation_id)
@@ -495,20 +558,82 @@ class TurnRunner:
             return {"missing": f"{type(exc).__name__}: {exc}"[:500]}
 
     async def _finish(self, st: TurnState, ts: TurnStream, steps: int, conversation_id: str,
-                      cs: dict[str, Any]) -> None:
+                      cs: dict[str, Any], served: dict[str, Any] | None = None) -> None:
+        """The turn completes in ONE commit: the persist lane stores its messages on the conversation together with
+        the turn's last StepServed (``served``: the step just answered, not yet recorded) and TurnCompleted on the
+        turn stream (``turnAppend``: both or neither; a crash before it leaves the step unrecorded, and the resumed
+        attempt asks the model again, as for any step whose StepServed is missing). The gateway prefix record runs
+        beside it; the end notice waits for both; the provisional references are released after the end (the persist
+        lane promoted what the messages name; a release that never happens only waits for GC's grace).
+        A conflict on the turn stream (an abort, another writer) or a persistence that does not know ``turnAppend``
+        → the serial path: StepServed, the messages, then the terminal event on its own."""
         cmd = st.command or {}
         messages = st.messages(cmd["userMessageId"])
-        _, summary = await asyncio.gather(
-            self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
-                                        event_id=event_id(st.turn_id, "persist")),
-            self._gateway_answer(st, messages, frozenset()))
-        await self._release_provisional(st.turn_id)
         text = "".join(p.get("text", "") for p in messages[-1]["parts"] if p.get("type") == "text") \
             if messages else ""
         answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
-        await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
-                                  "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
-                                           "messageIds": [m["id"] for m in messages]}}, summary)
+        terminal = {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                    "data": {"turnId": st.turn_id, "steps": steps, "answer": answer,
+                             "messageIds": [m["id"] for m in messages]}}
+        await self._close(st, ts, conversation_id, messages, cs, served, terminal, frozenset())
+
+    async def _close(self, st: TurnState, ts: TurnStream, conversation_id: str, messages: list[dict[str, Any]],
+                     cs: dict[str, Any], served: dict[str, Any] | None, terminal: dict[str, Any],
+                     pending: frozenset[str]) -> None:
+        gateway = asyncio.create_task(self._gateway_answer(st, messages, pending))
+        try:
+            try:
+                ended = await self._end_in_one_commit(st, ts, conversation_id, messages, cs, served, terminal)
+            except BaseException:
+                if served is not None:  # not recorded: a failed turn must not keep the step's answer (SPEC §15.4)
+                    st.steps.pop(served["step"], None)
+                raise
+            if not ended:
+                if served is not None:
+                    await self._record_served(st, ts, served)
+                await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                                  event_id=event_id(st.turn_id, "persist"))
+            summary = await gateway
+        finally:
+            if not gateway.done():
+                gateway.cancel()
+        if ended:
+            await publish_ended(self.backends.rpc.broker, st.turn_id, "TurnCompleted", summary)
+        else:
+            await self._terminal(ts, terminal, summary)
+        await self._release_provisional(st.turn_id)
+
+    async def _end_in_one_commit(self, st: TurnState, ts: TurnStream, conversation_id: str,
+                                 messages: list[dict[str, Any]], cs: dict[str, Any], served: dict[str, Any] | None,
+                                 terminal: dict[str, Any]) -> bool:
+        """True: the messages, the last StepServed and TurnCompleted are stored (one commit). False: nothing of it
+        is (a conflict or a persistence without ``turnAppend``): the caller takes the serial path."""
+        await ts.settle()  # appends started beside the work come first (versions are sequential)
+        events = [{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
+                   "data": served}] if served is not None else []
+        events.append(terminal)
+        try:
+            reply = await self.backends.complete_turn(
+                conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                event_id=event_id(st.turn_id, "persist"),
+                turn_append={"streamId": ts.stream, "expectedVersion": ts.version, "events": events})
+        except RemoteError as exc:
+            if exc.code in ("version-conflict", "event-id-conflict", "invalid-payload"):
+                log.info("turn-end-serial", turn_id=st.turn_id, code=exc.code, error=str(exc)[:200])
+                return False
+            raise
+        if "turnAppend" not in reply:  # an older persistence ignored it: nothing of the turn stream was written
+            return False
+        ts.version = max(ts.version, reply["turnAppend"]["toVersion"])
+        return True
+
+    async def _record_served(self, st: TurnState, ts: TurnStream, served: dict[str, Any]) -> None:
+        """StepServed on its own (the serial path); not stored → the step is not the turn's either."""
+        try:
+            await ts.emit("StepServed", served, served["step"])
+        except BaseException:
+            st.steps.pop(served["step"], None)
+            raise
 
     async def _hand_over(self, st: TurnState, ts: TurnStream, step: int, provider: Provider, box: ToolBox,
                          trunc_settings: dict[str, Any], cs: dict[str, Any], clients: frozenset[str]) -> None:
@@ -526,17 +651,13 @@ class TurnRunner:
             st.steps[step] = rec
         messages = handed_over_messages(st, cmd["userMessageId"], step, clients)
         pending = [c["toolCallId"] for c in client_calls(rec.assistant, clients)]
-        _, summary = await asyncio.gather(
-            self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
-                                        event_id=event_id(st.turn_id, "persist")),
-            self._gateway_answer(st, messages, frozenset(pending)))
-        await self._release_provisional(st.turn_id)
         text = "".join(p.get("text", "") for p in rec.assistant["parts"] if p.get("type") == "text")
         answer = await content.small_value(self.backends.blobs, text, conversation_id, st.turn_id)
-        await self._terminal(ts, {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
-                                  "data": {"turnId": st.turn_id, "steps": step, "answer": answer,
-                                           "messageIds": [m["id"] for m in messages], "stopReason": "tool_calls",
-                                           "pendingToolCalls": pending}}, summary)
+        terminal = {"eventId": event_id(st.turn_id, "terminal"), "type": "TurnCompleted",
+                    "data": {"turnId": st.turn_id, "steps": step, "answer": answer,
+                             "messageIds": [m["id"] for m in messages], "stopReason": "tool_calls",
+                             "pendingToolCalls": pending}}
+        await self._close(st, ts, conversation_id, messages, cs, None, terminal, frozenset(pending))
 
     async def _gateway_answer(self, st: TurnState, messages: list[dict[str, Any]],
                               pending: frozenset[str]) -> dict[str, Any] | None:
