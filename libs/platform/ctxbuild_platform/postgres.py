@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 
@@ -42,13 +43,24 @@ async def postgres_errors(what: str = "postgres") -> AsyncIterator[None]:
         raise InvalidPayload(f"a value is out of range for the database: {exc}"[:300]) from exc
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """A pool's reset that sends nothing (see ``PostgresPool(reset_sessions=False)``)."""
+
+
 class PostgresPool:
     """An asyncpg pool: connected at start-up, closed after the broker has drained the in-flight handlers that use
-    it. ``timeout`` (when given) bounds a connection attempt and every statement."""
+    it. ``timeout`` (when given) bounds a connection attempt and every statement.
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None) -> None:
+    ``reset_sessions=False``: a released connection goes back without asyncpg's reset statement (advisory unlock,
+    CLOSE ALL, UNLISTEN, RESET ALL — one more round trip per use, awaited by whoever releases it). Only for a pool
+    whose users leave no session state behind (``SET LOCAL``, transaction-level advisory locks); an open
+    transaction is still rolled back by asyncpg."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None,
+                 reset_sessions: bool = True) -> None:
         self.url = plain_url(url)  # ``postgresql[+driver]://…`` → the form asyncpg takes
         self.min_size, self.max_size, self.timeout = min_size, max_size, timeout
+        self.reset_sessions = reset_sessions
         self._pool: asyncpg.Pool | None = None
 
     @property
@@ -59,7 +71,10 @@ class PostgresPool:
 
     async def connect(self) -> None:
         if self._pool is None:
-            bounds = {} if self.timeout is None else {"timeout": self.timeout, "command_timeout": self.timeout}
+            bounds: dict[str, Any] = ({} if self.timeout is None
+                                      else {"timeout": self.timeout, "command_timeout": self.timeout})
+            if not self.reset_sessions:
+                bounds["reset"] = _keep_session
             self._pool = await asyncpg.create_pool(self.url, min_size=self.min_size, max_size=self.max_size,
                                                    **bounds)
 

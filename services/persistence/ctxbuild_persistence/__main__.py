@@ -40,15 +40,19 @@ async def _alive(worker: Any) -> bool:
 def build(settings: Settings) -> AsgiFastStream:
     broker = make_broker(settings)
     url = settings.database_url.get_secret_value()
-    db = Database(url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size)
+    # no session state is ever left on a connection (SET LOCAL, transaction-level advisory locks only): a released
+    # connection needs no reset statement
+    db = Database(url, min_size=settings.db_pool_min_size, max_size=settings.db_pool_max_size, reset_sessions=False)
     relay = OutboxRelay(
         db, lambda: broker.connection, stream=settings.events_stream,
         subject_prefix=settings.events_subject_prefix, duplicate_window_s=settings.events_duplicate_window_s,
         poll_interval_s=settings.relay_poll_interval_s, batch_size=settings.relay_batch_size,
         publish_timeout_s=settings.relay_publish_timeout_s, max_backoff_s=settings.relay_max_backoff_s,
-        replicas=settings.events_stream_replicas, max_age_s=settings.events_max_age_s)
+        replicas=settings.events_stream_replicas, max_age_s=settings.events_max_age_s,
+        min_interval_s=settings.relay_min_interval_s)
     projector = Projector(db, batch_size=settings.projector_batch_size, batch_bytes=settings.projector_batch_bytes,
-                          poll_interval_s=settings.projector_poll_interval_s)
+                          poll_interval_s=settings.projector_poll_interval_s,
+                          min_interval_s=settings.projector_min_interval_s)
 
     def on_appended() -> None:
         relay.wake()

@@ -69,8 +69,9 @@ class OutboxRelay(WakeableWorker):
 
     def __init__(self, db: Database, connection: Callable[[], NatsClient], *, stream: str, subject_prefix: str,
                  duplicate_window_s: float, poll_interval_s: float, batch_size: int, publish_timeout_s: float,
-                 max_backoff_s: float, replicas: int = 1, max_age_s: float = 0.0) -> None:
-        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s)
+                 max_backoff_s: float, replicas: int = 1, max_age_s: float = 0.0, min_interval_s: float = 0.0) -> None:
+        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s,
+                         min_interval_s=min_interval_s)
         self.replicas = replicas
         self.max_age_s = max_age_s
         self._connection = connection

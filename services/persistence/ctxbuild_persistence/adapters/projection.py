@@ -229,8 +229,9 @@ class Projector(WakeableWorker):
     task_name = "projector"
 
     def __init__(self, db: Database, *, batch_size: int = 500, batch_bytes: int = MAX_BATCH_BYTES,
-                 poll_interval_s: float = 1.0, max_backoff_s: float = 5.0) -> None:
-        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s)
+                 poll_interval_s: float = 1.0, max_backoff_s: float = 5.0, min_interval_s: float = 0.0) -> None:
+        super().__init__(db, batch_size=batch_size, poll_interval_s=poll_interval_s, max_backoff_s=max_backoff_s,
+                         min_interval_s=min_interval_s)
         self.batch_bytes = batch_bytes
         self.position = 0  # last tracking position this replica saw committed
         self.cursor: tuple[int, int] = (0, 0)  # its place in the log: (tx, position)
@@ -278,7 +279,7 @@ class Projector(WakeableWorker):
         if self.cursor >= cursor:
             return True
         self._waiters += 1
-        self.wake()
+        self.wake(urgent=True)  # a reader waits: no coalescing delay
         try:
             async with self._progress:
                 await asyncio.wait_for(self._progress.wait_for(lambda: self.cursor >= cursor), timeout)
