@@ -273,12 +273,18 @@ async def message_body(broker: Any, message: Any) -> bytes:
 async def answer(broker: Any, message: Any, handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
     """A request/reply subscriber's wire work around its handler (bytes in, encoded reply envelope out): a
     claimed request is resolved first (a gone or damaged claim is answered as its typed error), a reply over the
-    inline limit goes back in its claim form."""
-    store = store_for(broker)
+    inline limit goes back in its claim form. ``message``: a FastStream message."""
+    return await answer_raw(store_for(broker), message.body, message.headers,
+                            getattr(message, "subject", None), handle)
+
+
+async def answer_raw(store: ClaimStore, body: bytes, headers: Mapping[str, str] | None, subject: str | None,
+                     handle: Callable[[bytes], Awaitable[bytes]]) -> bytes:
+    """:func:`answer` for a message taken apart (a plain nats-py message: ``data``, ``headers``, ``subject``)."""
     try:
-        raw = await store.incoming(message.body, message.headers)
+        raw = await store.incoming(body, headers)
     except ServiceError as exc:
-        log.info("claim-not-resolved", subject=getattr(message, "subject", None), code=exc.code, error=exc.message)
+        log.info("claim-not-resolved", subject=subject, code=exc.code, error=exc.message)
         return encode_json({"error": exc.to_payload()})
     return await store.reply_bytes(await handle(raw))
 

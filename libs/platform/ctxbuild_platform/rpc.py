@@ -16,6 +16,7 @@ client. Handlers and callers see the same dicts whatever the size.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
@@ -27,13 +28,18 @@ from fast_depends.library import CustomField
 from faststream import Context
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from pydantic import BaseModel
 
 from . import claims, contracts
 from .claims import decode
 from .errors import InvalidPayload, PayloadTooLarge, RemoteError, ServiceError
+from .telemetry import consume_span, inject_into, publish_span
 from .text import LONE_SURROGATE
 
 Handler = Callable[[Any], Awaitable[Any]]
@@ -145,6 +151,112 @@ async def raw_body(message: NatsMessage) -> bytes:
     return message.body
 
 
+REPLY_HEADERS = {"content-type": "application/json"}
+
+
+class LeanServer:
+    """Serves one ``@rpc`` subject on a plain nats-py queue subscription: per request a CONSUMER span (the
+    caller's trace context continued), the claim check, :func:`dispatch`, and the reply published with the span's
+    context — without FastStream's per-message pipeline (dependency injection, its middlewares, a task group),
+    which cost more than the handler of a small request.
+
+    At most ``max_workers`` requests of the subscription are handled at once (the subscription's delivery waits
+    for a free slot, as FastStream's ``max_workers`` does). :meth:`stop` drains: no new requests, the ones
+    delivered are handled and the in-flight ones finish (within ``graceful_timeout``), then the broker closes the
+    connection.
+
+    The FastStream subscriber ``@rpc`` registers stays the subject's declaration: the AsyncAPI document is
+    generated from it and FastStream's test broker calls it in memory. Only on a real connection does this class
+    take its place (:func:`serve_lean`)."""
+
+    def __init__(self, broker: NatsBroker, subject: str, queue: str, max_workers: int,
+                 run: Callable[[bytes], Awaitable[bytes]], graceful_timeout: float | None) -> None:
+        self.broker, self.subject, self.queue, self.run = broker, subject, queue, run
+        self.max_workers = max(1, max_workers)
+        self.graceful_timeout = graceful_timeout
+        self.subscription: Subscription | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._inflight: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        if self.subscription is not None:
+            return
+        self._slots = asyncio.Semaphore(self.max_workers)
+        self.subscription = await self.broker.connection.subscribe(self.subject, queue=self.queue,
+                                                                   cb=self._deliver)
+
+    async def _deliver(self, msg: Msg) -> None:
+        assert self._slots is not None
+        await self._slots.acquire()  # the subscription's next delivery waits for a free slot
+        task = asyncio.get_running_loop().create_task(self._serve(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        assert self._slots is not None
+        self._slots.release()
+
+    async def _serve(self, msg: Msg) -> None:
+        span, ctx = consume_span(self.subject, msg.headers)
+        token = otel_context.attach(ctx)
+        try:
+            store = claims.store_for(self.broker)
+            try:
+                reply = await claims.answer_raw(store, msg.data, msg.headers, self.subject, self.run)
+            except Exception as exc:  # noqa: BLE001 - a reply that cannot be built is still an answer
+                reply = claims.encode_json(error_reply(self.subject, exc))
+            if msg.reply:
+                headers = dict(REPLY_HEADERS)
+                inject_into(headers, span)
+                try:
+                    await self.broker.connection.publish(msg.reply, reply, headers=headers)
+                except MaxPayloadError as exc:  # only a claim form could be this large: answer why
+                    log.error("reply-too-large", subject=self.subject, size=len(reply), error=str(exc)[:200])
+                    await self.broker.connection.publish(
+                        msg.reply, claims.encode_json(error_reply(self.subject, exc)), headers=headers)
+        except Exception as exc:  # noqa: BLE001 - the connection went away mid-reply: the caller times out
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            log.warning("reply-not-sent", subject=self.subject, error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    async def stop(self) -> None:
+        """Drain: no new requests; the delivered ones are handled; wait for the in-flight ones (bounded)."""
+        sub, self.subscription = self.subscription, None
+        loop = asyncio.get_running_loop()
+        deadline = None if self.graceful_timeout is None else loop.time() + self.graceful_timeout
+        if sub is not None:
+            try:
+                await asyncio.wait_for(sub.drain(), None if deadline is None else max(0.0, deadline - loop.time()))
+            except Exception as exc:  # noqa: BLE001 - closed connection or timeout: nothing more will arrive
+                log.info("subscription-not-drained", subject=self.subject, error=f"{type(exc).__name__}: {exc}")
+        if self._inflight:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            _, pending = await asyncio.wait(set(self._inflight), timeout=left)
+            if pending:
+                log.warning("drain-timeout", subject=self.subject, in_flight=len(pending))
+
+
+def serve_lean(subscriber: Any, server: LeanServer) -> None:
+    """Let ``server`` take the FastStream ``subscriber``'s messages on a real connection: the subscriber's start
+    subscribes the lean server instead of FastStream's consumer, and its stop drains the lean server first. The
+    subscriber object itself (its schema, its handler for the test broker) is unchanged."""
+    stop = subscriber.stop
+
+    async def create_subscription() -> None:
+        await server.start()
+
+    async def stop_both() -> None:
+        await server.stop()
+        await stop()
+
+    subscriber._create_subscription = create_subscription
+    subscriber.stop = stop_both
+
+
 def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
@@ -158,8 +270,11 @@ def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
 
         handler.__name__ = fn.__name__
         handler.__doc__ = fn.__doc__
-        broker.subscriber(subject, queue=queue, max_workers=max_workers, decoder=raw_body,
-                          title=subject, description=description or fn.__doc__)(handler)
+        subscriber = broker.subscriber(subject, queue=queue, max_workers=max_workers, decoder=raw_body,
+                                       title=subject, description=description or fn.__doc__)
+        subscriber(handler)
+        serve_lean(subscriber, LeanServer(broker, subject, queue, max_workers, run,
+                                          broker.config.graceful_timeout))
         return fn
 
     return deco
@@ -180,7 +295,7 @@ class RpcClient:
                 msg = await self._send(store, subject, body, timeout, claim=len(body) > store.inline_limit())
             except MaxPayloadError:  # inline but over the limit once headers count: send it by claim instead
                 msg = await self._send(store, subject, body, timeout, claim=True)
-            reply = await store.open_reply(msg.body)
+            reply = await store.open_reply(msg.data)
         except RemoteError:
             raise
         except ServiceError as exc:  # the claim store (unavailable, claim-missing...) or an undecodable reply
@@ -192,15 +307,18 @@ class RpcClient:
         return reply["result"]
 
     async def _send(self, store: claims.ClaimStore, subject: str, body: bytes, timeout: float | None, *,
-                    claim: bool) -> NatsMessage:
+                    claim: bool) -> Msg:
+        """One request on the broker's connection (nats-py directly: FastStream's publish pipeline cost more than
+        the round trip), in a PRODUCER span whose context travels in the headers."""
         headers = {"content-type": "application/json"}
         sent: claims.Claim | None = None
         if claim:
             sent = await store.put(body)
             body, headers = b"", claims.claim_headers(sent)
         try:
-            return await self.broker.request(body, subject, timeout=timeout or self.default_timeout,
-                                             headers=headers)
+            with publish_span(subject, headers):
+                return await self.broker.connection.request(subject, body, timeout=timeout or self.default_timeout,
+                                                            headers=headers)
         except NoRespondersError as exc:
             if sent is not None:  # nobody will read it
                 await store.delete(sent)

@@ -6,7 +6,7 @@ Finding #5: ending a span when no tracer provider is configured must be a no-op,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -67,6 +67,36 @@ def end_span_safely(s: trace.Span | None) -> None:
 # ---------------------------------------------------------------------------------------------- NATS propagation
 _W3C = TraceContextTextMapPropagator()
 _NATS_ATTRS = {"messaging.system": "nats"}
+# a proxy until configure_tracing installs the provider, then that provider's tracer
+_nats_tracer = trace.get_tracer("ctxbuild.nats")
+
+
+def consume_span(subject: str, headers: Mapping[str, str] | None) -> tuple[trace.Span, otel_context.Context]:
+    """The CONSUMER span (``<subject> process``) of a message taken from NATS without FastStream (the RPC layer's
+    own subscriptions), child of the trace context its headers carry, and the context to run its handler in.
+    The caller ends the span."""
+    parent = _W3C.extract(headers) if headers else otel_context.Context()
+    span = _nats_tracer.start_span(f"{subject} process", context=parent, kind=trace.SpanKind.CONSUMER,
+                                   attributes={**_NATS_ATTRS, "messaging.destination.name": subject,
+                                               "messaging.operation": "process"})
+    return span, trace.set_span_in_context(span, parent)
+
+
+def inject_into(headers: dict[str, str], span: trace.Span) -> None:
+    """``span``'s W3C trace context into outgoing headers (a reply carries its request's consumer span)."""
+    _W3C.inject(headers, context=trace.set_span_in_context(span))
+
+
+@contextmanager
+def publish_span(subject: str, headers: dict[str, str]) -> Iterator[trace.Span]:
+    """A PRODUCER span (``<subject> publish``) around a message sent without FastStream, its context injected
+    into ``headers`` — what :class:`TracingMiddleware` does for a message FastStream sends."""
+    with _nats_tracer.start_as_current_span(
+            f"{subject} publish", kind=trace.SpanKind.PRODUCER,
+            attributes={**_NATS_ATTRS, "messaging.destination.name": subject,
+                        "messaging.operation": "publish"}) as s:
+        _W3C.inject(headers)
+        yield s
 
 
 class TracingMiddleware:

@@ -1,0 +1,135 @@
+"""The ``@rpc`` server path on a real NATS server (``ctxbuild_platform.rpc.LeanServer``): requests are taken by a
+plain nats-py queue subscription, not FastStream's consumer; at most ``max_workers`` run at once; a broker stop
+drains (the in-flight request is answered, then nobody listens); the caller's trace continues into the handler
+and back into the reply's headers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ctxbuild_platform import contracts
+from ctxbuild_platform.errors import RemoteError
+from ctxbuild_platform.rpc import RpcClient, rpc
+from ctxbuild_platform.telemetry import configure_tracing
+from faststream.nats import NatsBroker
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+pytestmark = pytest.mark.integration
+
+SUBJECT = "ctx.test.lean.work"
+REPO_CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
+
+
+@pytest.fixture(scope="module")
+def test_contracts(tmp_path_factory):
+    """The real contracts plus a subject of our own, loaded for this process only."""
+    root = tmp_path_factory.mktemp("contracts") / "contracts"
+    shutil.copytree(REPO_CONTRACTS, root)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+              "required": ["n"], "properties": {"n": {"type": "integer"}, "traceparent": {"type": "string"}},
+              "additionalProperties": False}
+    for kind in ("request", "reply"):
+        (root / "subjects" / f"{SUBJECT}.{kind}.json").write_text(json.dumps(schema))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CTX_CONTRACTS_DIR", str(root))
+        contracts.reset_cache()
+        assert contracts.has_contract(f"subjects/{SUBJECT}.request.json")
+    yield root
+    contracts.reset_cache()
+
+
+class Gate:
+    """A handler that holds every request until released, counting how many it holds at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handle(self, payload):
+        self.running += 1
+        self.most = max(self.most, self.running)
+        self.entered.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+        return {"n": payload["n"]}
+
+
+async def _server(stack, handler, *, max_workers: int, graceful_timeout: float = 10.0) -> NatsBroker:
+    broker = NatsBroker(stack.env["CTX_NATS_URL"], logger=None, graceful_timeout=graceful_timeout)
+    rpc(broker, SUBJECT, queue="lean-test", max_workers=max_workers)(handler)
+    await broker.start()
+    return broker
+
+
+async def test_requests_are_served_by_the_lean_subscription_at_most_max_workers_at_once(stack, test_contracts, rpc):
+    gate = Gate()
+    broker = await _server(stack, gate.handle, max_workers=3)
+    try:
+        faststream_sub = broker.subscribers[0]
+        assert faststream_sub.subscription is None  # FastStream's consumer never subscribed
+        calls = [asyncio.create_task(rpc.call(SUBJECT, {"n": i})) for i in range(8)]
+        await asyncio.wait_for(gate.entered.wait(), 10)
+        await asyncio.sleep(0.3)  # every request has reached the server by now
+        assert gate.running == 3
+        gate.release.set()
+        replies = await asyncio.gather(*calls)
+        assert sorted(r["n"] for r in replies) == list(range(8))
+        assert gate.most == 3
+    finally:
+        gate.release.set()
+        await broker.stop()
+
+
+async def test_stop_answers_the_in_flight_request_then_nobody_listens(stack, test_contracts, rpc):
+    gate = Gate()
+    broker = await _server(stack, gate.handle, max_workers=4)
+    call = asyncio.create_task(rpc.call(SUBJECT, {"n": 7}))
+    await asyncio.wait_for(gate.entered.wait(), 10)
+    stopping = asyncio.create_task(broker.stop())
+    await asyncio.sleep(0.2)
+    assert not stopping.done()  # the stop waits for the handler
+    gate.release.set()
+    assert await asyncio.wait_for(call, 10) == {"n": 7}
+    await asyncio.wait_for(stopping, 10)
+    with pytest.raises(RemoteError) as gone:
+        await rpc.call(SUBJECT, {"n": 8}, timeout=2)
+    assert gone.value.code == "unavailable" and gone.value.retryable
+
+
+async def test_the_callers_trace_continues_into_the_handler_and_the_reply(stack, test_contracts, nats_broker):
+    spans = InMemorySpanExporter()
+    configure_tracing("lean-test")
+    provider = trace.get_tracer_provider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))  # type: ignore[attr-defined]
+    seen: dict[str, str] = {}
+
+    async def handler(payload):
+        ctx = trace.get_current_span().get_span_context()
+        seen["trace"], seen["span"] = format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+        return {"n": payload["n"]}
+
+    broker = await _server(stack, handler, max_workers=2)
+    try:
+        with trace.get_tracer("test").start_as_current_span("caller") as caller:
+            assert await RpcClient(nats_broker).call(SUBJECT, {"n": 1}) == {"n": 1}
+        tid = caller.get_span_context().trace_id
+        ours = [s for s in spans.get_finished_spans() if s.context.trace_id == tid]
+        by_name = {s.name: s for s in ours}
+        publish, process = by_name[f"{SUBJECT} publish"], by_name[f"{SUBJECT} process"]
+        assert publish.parent.span_id == caller.get_span_context().span_id
+        assert process.parent.span_id == publish.context.span_id
+        assert process.kind is trace.SpanKind.CONSUMER and publish.kind is trace.SpanKind.PRODUCER
+        # the handler ran inside the consumer span
+        assert seen == {"trace": format(tid, "032x"), "span": format(process.context.span_id, "016x")}
+    finally:
+        await broker.stop()
