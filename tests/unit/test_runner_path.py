@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ctxbuild_compaction.domain.in_loop import Checkpoint, InLoopSettings, plan_in_loop
 from ctxbuild_orchestration.app.runner import nothing_to_fold
@@ -36,3 +38,25 @@ def test_some_cases_fold():
     settings = {"contextWindow": 2000, "compressEnabled": True}
     assert not nothing_to_fold(_messages(40, 400), 0, settings)
     assert nothing_to_fold(_messages(1, 5), 0, settings)
+
+
+def test_a_turn_command_may_carry_its_queued_data():
+    """ctx.turn.run: the old message ({turnId, conversationId}) still parses (no hint: the runner reads the stream);
+    a message with ``command`` hands the recorded TurnQueued data to the first attempt as it was recorded."""
+    from ctxbuild_orchestration.adapters.work_queue import Delivery, turn_command
+
+    old = Delivery(turn_command(json.dumps({"turnId": "t1", "conversationId": "c1"}).encode()), 1, None)
+    assert old.turn_id == "t1" and old.queued is None
+    data = {"turnId": "t1", "conversationId": "c1", "userMessageId": "u1", "provider": {"kind": "replay",
+            "script": [{"text": "hi"}]}, "settings": {"contextWindow": 8000}, "trace": {}}
+    new = Delivery(turn_command(json.dumps({"turnId": "t1", "conversationId": "c1", "command": data}).encode()),
+                   1, None)
+    assert new.queued == data
+
+
+def test_a_command_that_is_not_a_turn_command_is_refused():
+    from ctxbuild_orchestration.adapters.work_queue import turn_command
+    from ctxbuild_platform.errors import InvalidPayload
+
+    with pytest.raises(InvalidPayload):
+        turn_command(json.dumps({"turnId": "t1", "conversationId": "c1", "command": {"turnId": "t1"}}).encode())

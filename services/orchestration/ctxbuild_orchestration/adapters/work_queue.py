@@ -1,7 +1,9 @@
 """Durable turns: a JetStream work-queue stream of turn commands, pulled by the runner replicas.
 
 - The edge publishes ``{turnId, conversationId}`` on ``ctx.turn.run`` with ``Nats-Msg-Id = turnId`` (a retried
-  publish is dropped as a duplicate). What to run is in the turn's events (TurnQueued), not in the message.
+  publish is dropped as a duplicate). What to run is in the turn's events (TurnQueued); the message may carry
+  that event's data as ``command`` (up to ``COMMAND_MAX_BYTES``) so a first attempt starts without reading the
+  stream — the runner's expected-version append of TurnStarted checks that nothing else was written since.
 - A runner fetches only as many commands as it has free slots. While a turn runs, the runner sends
   ``in_progress`` every ``ack_wait/3``; a replica that dies stops the heartbeats, the command is redelivered
   after ``ack_wait`` to another replica, and that one resumes from the events.
@@ -43,6 +45,7 @@ log = structlog.get_logger("work-queue")
 
 RUN_SUBJECT = "ctx.turn.run"
 FETCH_FAILURES_BEFORE_RESUBSCRIBE = 3
+COMMAND_MAX_BYTES = 64 * 1024  # a larger command stays out of the message: the runner reads it from the stream
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,11 @@ class Delivery:
     def conversation_id(self) -> str:
         return self.command.conversationId
 
+    @property
+    def queued(self) -> dict | None:
+        """The TurnQueued data the message carries (version 1 of the turn), if any."""
+        return dump(self.command.command) if self.command.command is not None else None
+
 
 class TurnQueue:
     def __init__(self, connection: Callable[[], NatsClient], config: QueueConfig | None = None,
@@ -117,8 +125,15 @@ class TurnQueue:
                 await js.consumer_info(c.stream, c.durable)
         await self.dead_letters.ensure()
 
-    async def submit(self, turn_id: str, conversation_id: str) -> None:
-        payload = json.dumps(dump(TurnRunCommand(turnId=turn_id, conversationId=conversation_id))).encode()
+    async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None) -> None:
+        """``command``: the TurnQueued data just recorded as version 1 of the turn (rides along when small)."""
+        body = dump(TurnRunCommand(turnId=turn_id, conversationId=conversation_id))
+        if command is not None:
+            with_command = json.dumps({**body, "command": command}, ensure_ascii=False).encode()
+            if len(with_command) <= COMMAND_MAX_BYTES:
+                await self._js().publish(self.config.subject, with_command, headers={"Nats-Msg-Id": turn_id})
+                return
+        payload = json.dumps(body).encode()
         await self._js().publish(self.config.subject, payload, headers={"Nats-Msg-Id": turn_id})
 
     async def pending(self) -> dict[str, int]:

@@ -277,13 +277,13 @@ class Edge:
             for outcome in await asyncio.gather(recorded, alongside, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     raise outcome
-        await self.submit(turn_id, conversation_id)
+        await self.submit(turn_id, conversation_id, cmd["data"])
 
-    async def submit(self, turn_id: str, conversation_id: str) -> None:
-        """The recorded command to the work queue; a refusal ends the turn (its admission no longer holds the
-        conversation)."""
+    async def submit(self, turn_id: str, conversation_id: str, command: dict[str, Any] | None = None) -> None:
+        """The recorded command to the work queue (``command``: its TurnQueued data, riding along so the runner need
+        not read it back); a refusal ends the turn (its admission no longer holds the conversation)."""
         try:
-            await self.queue.submit(turn_id, conversation_id)
+            await self.queue.submit(turn_id, conversation_id, command)
         except Exception as exc:
             await self.backends.append(f"turn:{turn_id}", [terminal_failure(turn_id, {
                 "turnId": turn_id, "code": "unavailable", "message": "the work queue refused the turn",

@@ -287,7 +287,7 @@ class Gateway:
             # recorded beside the turn; awaited before the response ends
             started.records = asyncio.create_task(self._record_all(
                 [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
-            await self.edge.submit(turn_id, conversation_id)
+            await self.edge.submit(turn_id, conversation_id, queued["data"])
         except BaseException as exc:
             await watch.close()
             # a recorded command must end (one terminal event), run or not; a refused commit stored nothing (a

@@ -108,8 +108,9 @@ class TurnStream:
         self.stream = f"turn:{turn_id}"
         self.version = version
         self._pending: asyncio.Task | None = None
+        self.opening: asyncio.Task | None = None  # TurnStarted's append, started beside turn-start compaction
 
-    def emit_beside(self, type_: str, data: dict[str, Any], *key: Any) -> None:
+    def emit_beside(self, type_: str, data: dict[str, Any], *key: Any) -> asyncio.Task:
         """Start the append and return at once: what follows runs beside it (e.g. the model call). Versions stay
         sequential: every later append of this stream — :meth:`emit`, :meth:`settle`, the terminal event — first
         awaits this one, and its failure (a conflict: :meth:`_why_moved`) surfaces there."""
@@ -123,6 +124,15 @@ class TurnStream:
         task = asyncio.create_task(run())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved by settle; no stray warning
         self._pending = task
+        return task
+
+    async def opened(self) -> None:
+        """Before the first model call: TurnStarted is stored — the turn is this runner's (an abort or another
+        writer met by its expected version stops the attempt here, before any model is asked). Appends started
+        after it keep running."""
+        if self.opening is not None:
+            opening, self.opening = self.opening, None
+            await opening
 
     async def settle(self) -> None:
         """Wait for the append started by :meth:`emit_beside` (raising what it raised)."""
@@ -135,7 +145,7 @@ class TurnStream:
         expected version keeps it from landing after anything written later."""
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()
-        self._pending = None
+        self._pending = self.opening = None
 
     async def emit(self, type_: str, data: dict[str, Any], *key: Any) -> None:
         await self.settle()
@@ -284,13 +294,15 @@ class TurnRunner:
     async def load(self, turn_id: str) -> TurnState:
         return fold(turn_id, await self.backends.read_stream_all(f"turn:{turn_id}"))
 
-    async def run(self, turn_id: str, attempt: int = 1) -> str:
+    async def run(self, turn_id: str, attempt: int = 1, queued: dict[str, Any] | None = None) -> str:
         """Run or resume a turn. Returns how this attempt ended: ``completed``, ``failed``, ``already-done``,
         ``unknown`` (no TurnQueued: nothing to run), ``taken-over`` (another replica writes the turn now) or
         ``unended`` (its terminal event could not be stored: the command goes back, the turn resumes or ends on
-        the next delivery). Cancellation propagates (drain: the command is handed back, another replica resumes)."""
+        the next delivery). Cancellation propagates (drain: the command is handed back, another replica resumes).
+        ``queued``: the TurnQueued data the work-queue message carried (the edge just recorded it as version 1):
+        a first attempt starts from it without reading the stream; TurnStarted's expected version 1 checks it."""
         try:
-            return await self._run_attempt(turn_id, attempt)
+            return await self._run_attempt(turn_id, attempt, queued)
         except TurnEnded:
             return "already-done"
         except TurnTakenOver as exc:  # met while ending the turn (an append started beside the work had conflicted)
@@ -300,8 +312,11 @@ class TurnRunner:
             log.error("turn-end-not-stored", turn_id=turn_id, error=str(exc)[:300])
             return "unended"
 
-    async def _run_attempt(self, turn_id: str, attempt: int) -> str:
-        st = await self.load(turn_id)
+    async def _run_attempt(self, turn_id: str, attempt: int, queued: dict[str, Any] | None = None) -> str:
+        if attempt == 1 and queued is not None and queued.get("turnId") == turn_id:
+            st = fold(turn_id, [{"version": 1, "type": "TurnQueued", "data": queued}])
+        else:
+            st = await self.load(turn_id)
         if st.done:
             return "already-done"
         if st.command is None:
@@ -325,9 +340,9 @@ class TurnRunner:
                                                "replica", retryable=True)
                         return "failed"
                     if not st.started:  # beside turn-start compaction (which reads the conversation, not the turn)
-                        ts.emit_beside("TurnStarted", {"turnId": turn_id, "conversationId": cmd["conversationId"],
-                                                       "userMessageId": cmd["userMessageId"],
-                                                       "anchorId": cmd["userMessageId"]})
+                        ts.opening = ts.emit_beside("TurnStarted", {
+                            "turnId": turn_id, "conversationId": cmd["conversationId"],
+                            "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]})
                     else:
                         await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
                                                       "fromStep": st.next_step}, st.attempts + 1)
@@ -411,6 +426,13 @@ class TurnRunner:
 
     # ------------------------------------------------------------------ the loop
     async def _run(self, st: TurnState, ts: TurnStream) -> None:
+        try:
+            await self._steps(st, ts)
+        except Exception:
+            await ts.opened()  # TurnStarted met an abort or another writer: that explains the attempt first
+            raise
+
+    async def _steps(self, st: TurnState, ts: TurnStream) -> None:
         cmd = st.command or {}
         turn_id, conversation_id, user_message_id = st.turn_id, cmd["conversationId"], cmd["userMessageId"]
         cs: dict[str, Any] = cmd.get("settings") or {}
@@ -477,6 +499,7 @@ class TurnRunner:
                                        parallel_tool_calls=cmd.get("parallelToolCalls"),
                                        options=cmd.get("options") or {})  # the gateway client's choices
                 body = request.render()
+                await ts.opened()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
                     if self.keep_requests else None
                 with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):

@@ -8,10 +8,12 @@ from typing import Annotated
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
+from ..events.TurnQueued import TurnQueued
+
 
 class TurnRunCommand(ContractModel):
     """
-    JetStream work-queue stream CTX_TURNS (retention: work queue), published by the edge with Nats-Msg-Id = turnId and pulled by the runner replicas (durable consumer turn-runner, explicit ack, in-progress heartbeats). The command only names the turn: what to run is its TurnQueued event.
+    JetStream work-queue stream CTX_TURNS (retention: work queue), published by the edge with Nats-Msg-Id = turnId and pulled by the runner replicas (durable consumer turn-runner, explicit ack, in-progress heartbeats). What to run is the turn's TurnQueued event; `command` may carry that event's data (the edge just recorded it as version 1 of turn:<turnId>) so the first attempt need not read the stream first — the runner's first append (TurnStarted, expected version 1) is the check that nothing else was written since. Absent (an older edge, a command too large to ride along): the runner reads the stream.
     """
 
     model_config = ConfigDict(
@@ -19,3 +21,9 @@ class TurnRunCommand(ContractModel):
     )
     turnId: Annotated[str, Field(min_length=1)]
     conversationId: Annotated[str, Field(min_length=1)]
+    command: Annotated[
+        TurnQueued | None,
+        Field(
+            description="the TurnQueued data recorded as version 1 of turn:<turnId> (optional; a hint for the first attempt, never trusted past the expected-version check)"
+        ),
+    ] = None
