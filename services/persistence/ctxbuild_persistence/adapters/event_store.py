@@ -99,14 +99,18 @@ _SELECT = ("SELECT position, stream_id, version, event_id, type, data::text AS d
 
 # A page: the inner query runs a sum over the small size_bytes column (no event data is read for it) and keeps
 # the events that start before the budget is used up and end within it — the first one always; the data of the
-# kept events only is then read. One row more than ``limit`` is looked at to tell whether more remain.
+# kept events only is then read. One statement (one snapshot, no explicit transaction) also gives the stream's last
+# version, on a row of its own even for an empty page.
 _PAGE_STREAM = (
-    "SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
-    "e.metadata::text AS metadata, e.recorded_at FROM ("
-    "  SELECT position, n, sum(size_bytes) OVER (ORDER BY version) AS upto FROM ("
-    "    SELECT position, version, size_bytes, row_number() OVER (ORDER BY version) AS n "
-    "    FROM persistence.events WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3) c"
-    ") w JOIN persistence.events e USING (position) WHERE w.n = 1 OR w.upto <= $4 ORDER BY e.version")
+    "WITH l AS (SELECT coalesce(max(version), 0) AS last FROM persistence.events WHERE stream_id = $1) "
+    "SELECT l.last, p.* FROM l LEFT JOIN LATERAL ("
+    "  SELECT e.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
+    "         e.metadata::text AS metadata, e.recorded_at FROM ("
+    "    SELECT position, n, sum(size_bytes) OVER (ORDER BY version) AS upto FROM ("
+    "      SELECT position, version, size_bytes, row_number() OVER (ORDER BY version) AS n "
+    "      FROM persistence.events WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3) c"
+    "  ) w JOIN persistence.events e USING (position) WHERE w.n = 1 OR w.upto <= $4"
+    ") p ON true ORDER BY p.version")
 # The log after a cursor, in (tx, position) order, below the visibility horizon; one row even for an empty page
 # (``known``: the cursor names an event).
 _PAGE_ALL = (
@@ -324,12 +328,10 @@ class EventStore:
     async def read_stream(self, stream_id: str, from_version: int, limit: int, max_bytes: int) -> dict[str, Any]:
         """A page of a stream from ``from_version``: whole events while their JSON fits ``max_bytes`` (at least
         one, so an event larger than the budget still moves), at most ``limit`` of them."""
-        async with db_errors(), self.db.pool.acquire() as conn, \
-                conn.transaction(isolation="repeatable_read", readonly=True):
+        async with db_errors(), self.db.pool.acquire() as conn:
             rows = await conn.fetch(_PAGE_STREAM, stream_id, from_version, limit, max_bytes)
-            last = await conn.fetchval(
-                "SELECT coalesce(max(version), 0) FROM persistence.events WHERE stream_id = $1", stream_id)
-        events = [row_to_event(r) for r in rows]
+        last = rows[0]["last"]
+        events = [row_to_event(r) for r in rows if r["position"] is not None]
         nxt = events[-1]["version"] + 1 if events else max(from_version, 1)
         return {"streamId": stream_id, "events": events, "lastVersion": last, "nextVersion": nxt,
                 "more": nxt <= last}
