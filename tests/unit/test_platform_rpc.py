@@ -86,3 +86,28 @@ def test_finding_5_spans_without_a_tracer_provider_are_safe():
         pass
     end_span_safely(s)  # a second end on a non-recording/ended span
     end_span_safely(None)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a":"plain"}', '{"a":"한국어 ü"}'.encode(), b'{"a":"\\ud800"}', b'{"a":"\\uD83D\\uDE00"}',
+    b'{"a":"\xed\xa0\x80"}', '{"a":"\ud800"}'.encode("utf-16-le", "surrogatepass"),
+    '{"a":"x"}'.encode("utf-16"), b"[" * 199 + b"]" * 199, b"[" * 200 + b"]" * 200, b"[" * 201 + b"]" * 201,
+    b'{"k\\udc00":1}', b"[" + b",".join([b"{}"] * 300) + b"]",
+])
+def test_the_byte_precheck_never_skips_a_payload_the_walk_refuses(raw):
+    """decode_request skips the walk over the value only when the bytes prove it would find nothing."""
+    from ctxbuild_platform.claims import decode
+    from ctxbuild_platform.rpc import _plainly_processable, decode_request, unprocessable
+
+    try:
+        value = decode(raw)
+    except Exception:  # noqa: BLE001 - undecodable input is decode_request's own error, not this check's
+        return
+    if _plainly_processable(raw):
+        assert unprocessable(value) is None
+    refused = unprocessable(value) is not None
+    try:
+        decode_request(raw)
+        assert not refused
+    except InvalidPayload:
+        assert refused

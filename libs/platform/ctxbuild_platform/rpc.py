@@ -81,9 +81,18 @@ def decode_request(raw: bytes) -> Any:
         payload = decode(raw)
     except RecursionError as exc:
         raise InvalidPayload("payload nests too deeply to decode") from exc
-    if (why := unprocessable(payload)) is not None:
+    if not _plainly_processable(raw) and (why := unprocessable(payload)) is not None:
         raise InvalidPayload(f"payload cannot be stored or processed: {why}")
     return payload
+
+
+def _plainly_processable(raw: bytes) -> bool:
+    """Whether the bytes alone prove :func:`unprocessable` would find nothing, so the walk over the decoded value
+    can be skipped: fewer brackets than ``MAX_DEPTH`` cannot nest that deep, and in UTF-8 (what ``json.loads``
+    takes bytes as unless they start with a BOM or a NUL) a surrogate can only come from a ``\\u`` escape or from
+    its (invalid, but decoded with surrogatepass) encoded form, whose first byte is 0xED."""
+    return (b"\x00" not in raw[:4] and not raw.startswith((b"\xff\xfe", b"\xfe\xff"))
+            and b"\\u" not in raw and b"\xed" not in raw and raw.count(b"[") + raw.count(b"{") < MAX_DEPTH)
 
 
 def request_model(subject: str, fn: Handler) -> type[BaseModel] | None:

@@ -26,7 +26,7 @@ class Settings(ServiceSettings):
                                          "the event log of record is Postgres (consumers catch up with read_all)")
     relay_poll_interval_s: float = Field(0.5, gt=0, description="outbox poll interval when idle")
     relay_min_interval_s: float = Field(
-        0.01, ge=0, description="appends wake the relay at most once per this interval (a burst of appends is "
+        0.05, ge=0, description="appends wake the relay at most once per this interval (a burst of appends is "
                                 "published in one round; an append after a quiet spell at once)")
     relay_batch_size: int = Field(100, ge=1, le=10_000)
     relay_publish_timeout_s: float = Field(5.0, gt=0)
@@ -36,7 +36,7 @@ class Settings(ServiceSettings):
     projector_batch_bytes: int = Field(16 * 1024 * 1024, ge=1, description="and at most this much event data")
     projector_poll_interval_s: float = Field(1.0, gt=0, description="projection poll interval when idle")
     projector_min_interval_s: float = Field(
-        0.025, ge=0, description="appends wake the projector at most once per this interval (a history read that "
+        0.25, ge=0, description="appends wake the projector at most once per this interval (a history read that "
                                  "waits for the projection wakes it at once)")
     history_from_projection: bool = Field(
         True, description="serve ctx.persist.history from the projection (false: always fold the events)")
