@@ -451,6 +451,20 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
             user("one commit: hello"), {"role": "assistant", "content": "one"}, user("and again")))
         assert r2.status_code == 200 and r2.headers["x-ctx-conversation-id"] == cid
         tid2 = r2.headers["x-ctx-turn-id"]
+        fake_openai.reply_next = {"role": "assistant", "content": "three"}
+        api = await http.post(f"/v1/conversations/{cid}/turns", json={
+            "text": "through the API", "provider": {"kind": "openai", "model": MODEL}})
+        assert api.status_code == 202, api.text
+        tid3 = api.json()["turnId"]
+        for _ in range(300):
+            if (await turn_log(http, cid, tid3))["status"] == "completed":
+                break
+            await asyncio.sleep(0.1)
+    # the API's path: admission first (then the parent is read), the message and the command in one commit
+    api_rows = await events_of(stack, f"conversation:{cid}", f"turn:{tid3}")
+    queued3 = next(r for r in api_rows if r["stream_id"] == f"turn:{tid3}" and r["type"] == "TurnQueued")
+    assert [(r["stream_id"], r["type"]) for r in api_rows if r["tx"] == queued3["tx"]] == [
+        (f"conversation:{cid}", "UserMessageAdded"), (f"turn:{tid3}", "TurnQueued")]
     rows = await events_of(stack, f"conversation-turns:{cid}", f"conversation:{cid}", f"turn:{tid}", f"turn:{tid2}")
     first = [(r["stream_id"], r["type"]) for r in rows if r["tx"] == rows[0]["tx"]]
     assert first == [(f"conversation-turns:{cid}", "TurnAdmitted"), (f"conversation:{cid}", "ConversationCreated"),

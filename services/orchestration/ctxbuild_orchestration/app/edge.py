@@ -264,13 +264,16 @@ class Edge:
 
     async def enqueue(self, conversation_id: str, turn_id: str, user_message_id: str, provider: dict[str, Any],
                       settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
-                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None) -> None:
-        """Record the command, then submit it. ``alongside``: work the runner needs done before the command is
+                      extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None,
+                      streams: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> None:
+        """Record the command, then submit it. ``streams``: appends ``(stream, events, expected version)`` stored in
+        the command's commit (all or nothing). ``alongside``: work the runner needs done before the command is
         submitted, not before it is recorded: run beside the TurnQueued append; a failure of either submits
         nothing."""
         cmd = self.queued_event(conversation_id, turn_id, user_message_id, provider, settings, max_steps,
                                 regenerate_of, extra)
-        recorded = self.backends.append(f"turn:{turn_id}", [cmd], expected=0)
+        recorded = (self.backends.append_streams([*streams, (f"turn:{turn_id}", [cmd], 0)]) if streams
+                    else self.backends.append(f"turn:{turn_id}", [cmd], expected=0))
         if alongside is None:
             await recorded
         else:
@@ -395,9 +398,9 @@ class Edge:
             # large parts by reference (the event stays small), owned by the conversation: never collected
             message = await content_ref.store_message_parts(self.backends.blobs, message, conversation_id,
                                                             ("conversation", conversation_id), "tool_output")
-            await self.backends.append(f"conversation:{conversation_id}",
-                                       [new_event("UserMessageAdded", {"message": message})])
-            await self.enqueue(conversation_id, turn_id, msg_id, provider, cs, max_steps)
+            # the message and the command: one commit
+            await self.enqueue(conversation_id, turn_id, msg_id, provider, cs, max_steps, streams=[(
+                f"conversation:{conversation_id}", [new_event("UserMessageAdded", {"message": message})], None)])
         except BaseException as exc:
             await asyncio.shield(self.abandon(turn_id, exc))
             raise
