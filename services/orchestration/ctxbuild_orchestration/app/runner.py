@@ -502,6 +502,10 @@ class TurnRunner:
                 await ts.opened()
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
                     if self.keep_requests else None
+                if stored is not None:
+                    # let the put go out first: with a fast upstream it is the longest thing before the turn's end
+                    # commit, and the SDK's request building runs before the provider call yields
+                    await asyncio.sleep(0)
                 with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
                     t0 = time.perf_counter()
                     response = await self._complete(provider, request, step, turn_id)
