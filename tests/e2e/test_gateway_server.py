@@ -473,3 +473,26 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
     second = [(r["stream_id"], r["type"]) for r in rows if r["tx"] == queued2["tx"]]
     assert second == [(f"conversation-turns:{cid}", "TurnAdmitted"), (f"conversation:{cid}", "UserMessageAdded"),
                       (f"turn:{tid2}", "TurnQueued")]
+
+
+async def test_large_messages_are_stored_by_reference_new_or_continued(gw, fake_openai, stack):
+    """A message over 16 KiB is stored by content reference first; a continuation's is stored only after its
+    admission (a 409 stores nothing), then with the command in one commit. Both read back whole."""
+    big1, big2 = "first " + "a" * 20_000, "second " + "b" * 20_000
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": "got it"}
+        r = await http.post("/v1/chat/completions", json=chat(user(big1)))
+        assert r.status_code == 200, r.text
+        cid = r.headers["x-ctx-conversation-id"]
+        fake_openai.reply_next = {"role": "assistant", "content": "got that too"}
+        r2 = await http.post("/v1/chat/completions", json=chat(
+            user(big1), {"role": "assistant", "content": "got it"}, user(big2)))
+        assert r2.status_code == 200 and r2.headers["x-ctx-conversation-id"] == cid
+        tid2 = r2.headers["x-ctx-turn-id"]
+        path = await path_of(http, cid)
+    assert [(m["role"], m["parts"][0]["text"]) for m in path] == [
+        ("user", big1), ("assistant", "got it"), ("user", big2), ("assistant", "got that too")]
+    assert [m["content"] for m in fake_openai.requests[-1]["messages"] if m["role"] == "user"] == [big1, big2]
+    rows = await events_of(stack, f"conversation:{cid}", f"turn:{tid2}")
+    queued = next(r for r in rows if r["stream_id"] == f"turn:{tid2}" and r["type"] == "TurnQueued")
+    assert [r["type"] for r in rows if r["tx"] == queued["tx"]] == ["UserMessageAdded", "TurnQueued"]
