@@ -64,7 +64,7 @@ class Gate:
         return {"n": payload["n"]}
 
 
-async def _server(stack, handler, *, max_workers: int, graceful_timeout: float = 10.0) -> NatsBroker:
+async def _server(stack, handler, *, max_workers: int, graceful_timeout: float | None = 10.0) -> NatsBroker:
     broker = NatsBroker(stack.env["CTX_NATS_URL"], logger=None, graceful_timeout=graceful_timeout)
     rpc(broker, SUBJECT, queue="lean-test", max_workers=max_workers)(handler)
     await broker.start()
@@ -104,6 +104,22 @@ async def test_stop_answers_the_in_flight_request_then_nobody_listens(stack, tes
     with pytest.raises(RemoteError) as gone:
         await rpc.call(SUBJECT, {"n": 8}, timeout=2)
     assert gone.value.code == "unavailable" and gone.value.retryable
+
+
+async def test_without_a_graceful_timeout_stop_does_not_wait_for_handlers(stack, test_contracts, rpc):
+    """As FastStream without one: the subscription goes, the stop returns, the caller is not answered."""
+    gate = Gate()
+    broker = await _server(stack, gate.handle, max_workers=2, graceful_timeout=None)
+    call = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=3))
+    try:
+        await asyncio.wait_for(gate.entered.wait(), 10)
+        await asyncio.wait_for(broker.stop(), 5)  # returns although the handler is still held
+        assert gate.running == 1
+    finally:
+        gate.release.set()
+    with pytest.raises(RemoteError) as unanswered:
+        await call
+    assert unanswered.value.retryable
 
 
 async def test_the_callers_trace_continues_into_the_handler_and_the_reply(stack, test_contracts, nats_broker):

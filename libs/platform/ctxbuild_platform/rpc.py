@@ -17,6 +17,7 @@ client. Handlers and callers see the same dicts whatever the size.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
@@ -233,18 +234,23 @@ class LeanServer:
             span.end()
 
     async def stop(self) -> None:
-        """Drain: no new requests; the delivered ones are handled; wait for the in-flight ones (bounded)."""
+        """Drain: no new requests; the delivered ones are handled; wait for the in-flight ones, at most
+        ``graceful_timeout``. Without a graceful timeout (as FastStream without one) it only unsubscribes."""
         sub, self.subscription = self.subscription, None
+        if self.graceful_timeout is None:
+            if sub is not None:
+                with contextlib.suppress(Exception):  # a closed connection has no subscription left anyway
+                    await sub.unsubscribe()
+            return
         loop = asyncio.get_running_loop()
-        deadline = None if self.graceful_timeout is None else loop.time() + self.graceful_timeout
+        deadline = loop.time() + self.graceful_timeout
         if sub is not None:
             try:
-                await asyncio.wait_for(sub.drain(), None if deadline is None else max(0.0, deadline - loop.time()))
+                await asyncio.wait_for(sub.drain(), max(0.0, deadline - loop.time()))
             except Exception as exc:  # noqa: BLE001 - closed connection or timeout: nothing more will arrive
                 log.info("subscription-not-drained", subject=self.subject, error=f"{type(exc).__name__}: {exc}")
         if self._inflight:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            _, pending = await asyncio.wait(set(self._inflight), timeout=left)
+            _, pending = await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - loop.time()))
             if pending:
                 log.warning("drain-timeout", subject=self.subject, in_flight=len(pending))
 
