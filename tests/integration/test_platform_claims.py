@@ -17,7 +17,7 @@ import pytest_asyncio
 from ctxbuild_devstack.replica import Replica
 from ctxbuild_platform import claims, contracts
 from ctxbuild_platform.errors import ClaimMissing, RemoteError
-from ctxbuild_platform.rpc import RpcClient, rpc
+from ctxbuild_platform.rpc import RpcClient, rpc, start_servers, stop_servers
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 from nats.js.errors import NotFoundError
@@ -69,7 +69,9 @@ async def server(stack, test_contracts):
         return {"data": payload["data"], "sha256": hashlib.sha256(payload["data"].encode()).hexdigest()}
 
     await broker.start()
+    await start_servers(broker)
     yield received
+    await stop_servers(broker, 10.0)
     await broker.stop()
 
 

@@ -1,7 +1,8 @@
-"""The ``@rpc`` server path on a real NATS server (``ctxbuild_platform.rpc.LeanServer``): requests are taken by a
-plain nats-py queue subscription, not FastStream's consumer; at most ``max_workers`` run at once; a broker stop
-drains (the in-flight request is answered, then nobody listens); the caller's trace continues into the handler
-and back into the reply's headers."""
+"""The ``@rpc`` server path on a real NATS server (``ctxbuild_platform.rpc.LeanServer``, started and stopped with
+``start_servers`` / ``stop_servers`` as the service runner does): one plain nats-py queue subscription per subject
+(each request answered once, replicas in the queue group share the load); at most ``max_workers`` run at once; a
+stop drains (the in-flight request is answered, then nobody listens); the caller's trace continues into the
+handler and back into the reply's headers."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import json
 import shutil
 from pathlib import Path
 
+import nats
 import pytest
+import pytest_asyncio
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
-from ctxbuild_platform.rpc import RpcClient, rpc
+from ctxbuild_platform.rpc import RpcClient, declarations, rpc, start_servers, stop_servers
 from ctxbuild_platform.telemetry import configure_tracing
 from faststream.nats import NatsBroker
 from opentelemetry import trace
@@ -64,38 +67,105 @@ class Gate:
         return {"n": payload["n"]}
 
 
-async def _server(stack, handler, *, max_workers: int, graceful_timeout: float | None = 10.0) -> NatsBroker:
-    broker = NatsBroker(stack.env["CTX_NATS_URL"], logger=None, graceful_timeout=graceful_timeout)
-    rpc(broker, SUBJECT, queue="lean-test", max_workers=max_workers)(handler)
-    await broker.start()
-    return broker
+class Servers:
+    """``@rpc`` servers of SUBJECT, each on its own broker (as replicas are), stopped as the service runner does."""
+
+    def __init__(self, stack, graceful_timeout: float | None = 10.0) -> None:
+        self.url, self.graceful_timeout = stack.env["CTX_NATS_URL"], graceful_timeout
+        self.brokers: list[NatsBroker] = []
+
+    async def add(self, handler, *, max_workers: int) -> NatsBroker:
+        broker = NatsBroker(self.url, logger=None)
+        rpc(broker, SUBJECT, queue="lean-test", max_workers=max_workers)(handler)
+        await broker.start()
+        await start_servers(broker)
+        self.brokers.append(broker)
+        return broker
+
+    async def stop(self, broker: NatsBroker) -> None:
+        await stop_servers(broker, self.graceful_timeout)
+        await broker.stop()
+
+    async def close(self) -> None:
+        for broker in self.brokers:
+            await self.stop(broker)
 
 
-async def test_requests_are_served_by_the_lean_subscription_at_most_max_workers_at_once(stack, test_contracts, rpc):
+@pytest_asyncio.fixture(loop_scope="session")
+async def servers(stack, test_contracts):
+    s = Servers(stack)
+    yield s
+    await s.close()
+
+
+async def test_requests_are_served_by_the_lean_subscription_at_most_max_workers_at_once(servers, rpc):
     gate = Gate()
-    broker = await _server(stack, gate.handle, max_workers=3)
+    broker = await servers.add(gate.handle, max_workers=3)
+    # FastStream subscribes nothing: the subject's declaration lives on a broker that never connects
+    assert broker.subscribers == [] and len(declarations(broker).subscribers) == 1
+    calls = [asyncio.create_task(rpc.call(SUBJECT, {"n": i})) for i in range(8)]
     try:
-        faststream_sub = broker.subscribers[0]
-        assert faststream_sub.subscription is None  # FastStream's consumer never subscribed
-        calls = [asyncio.create_task(rpc.call(SUBJECT, {"n": i})) for i in range(8)]
         await asyncio.wait_for(gate.entered.wait(), 10)
         await asyncio.sleep(0.3)  # every request has reached the server by now
         assert gate.running == 3
-        gate.release.set()
-        replies = await asyncio.gather(*calls)
-        assert sorted(r["n"] for r in replies) == list(range(8))
-        assert gate.most == 3
     finally:
         gate.release.set()
-        await broker.stop()
+    replies = await asyncio.gather(*calls)
+    assert sorted(r["n"] for r in replies) == list(range(8))
+    assert gate.most == 3
+
+
+async def test_each_request_is_answered_once(servers, stack):
+    calls: list[int] = []
+
+    async def handler(payload):
+        calls.append(payload["n"])
+        return {"n": payload["n"]}
+
+    await servers.add(handler, max_workers=4)
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        for n in range(5):
+            await nc.publish(SUBJECT, json.dumps({"n": n}).encode(), reply=inbox)
+        replies = [json.loads((await sub.next_msg(timeout=10)).data) for _ in range(5)]
+        # a request sent after the five has been answered: a second answer to any of them would be here by now
+        sub2 = await nc.subscribe(inbox2 := nc.new_inbox())
+        await nc.publish(SUBJECT, json.dumps({"n": 99}).encode(), reply=inbox2)
+        await sub2.next_msg(timeout=10)
+        await nc.flush()
+        assert sub.pending_msgs == 0
+    finally:
+        await nc.close()
+    assert sorted(r["result"]["n"] for r in replies) == list(range(5))
+    assert sorted(calls) == [0, 1, 2, 3, 4, 99]
+
+
+async def test_two_servers_in_the_queue_group_share_the_requests(servers, rpc):
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+
+    def handler_of(name: str):
+        async def handle(payload):
+            seen[name].append(payload["n"])
+            return {"n": payload["n"]}
+        return handle
+
+    await servers.add(handler_of("a"), max_workers=4)
+    await servers.add(handler_of("b"), max_workers=4)
+    replies = await asyncio.gather(*(rpc.call(SUBJECT, {"n": i}) for i in range(40)))
+    assert sorted(r["n"] for r in replies) == list(range(40))
+    assert sorted(seen["a"] + seen["b"]) == list(range(40))  # each request handled by exactly one of them
+    assert seen["a"] and seen["b"]  # NATS picks at random per request: all 40 on one server has odds 2**-39
 
 
 async def test_stop_answers_the_in_flight_request_then_nobody_listens(stack, test_contracts, rpc):
     gate = Gate()
-    broker = await _server(stack, gate.handle, max_workers=4)
+    servers = Servers(stack)
+    broker = await servers.add(gate.handle, max_workers=4)
     call = asyncio.create_task(rpc.call(SUBJECT, {"n": 7}))
     await asyncio.wait_for(gate.entered.wait(), 10)
-    stopping = asyncio.create_task(broker.stop())
+    stopping = asyncio.create_task(servers.stop(broker))
     await asyncio.sleep(0.2)
     assert not stopping.done()  # the stop waits for the handler
     gate.release.set()
@@ -109,11 +179,12 @@ async def test_stop_answers_the_in_flight_request_then_nobody_listens(stack, tes
 async def test_without_a_graceful_timeout_stop_does_not_wait_for_handlers(stack, test_contracts, rpc):
     """As FastStream without one: the subscription goes, the stop returns, the caller is not answered."""
     gate = Gate()
-    broker = await _server(stack, gate.handle, max_workers=2, graceful_timeout=None)
+    servers = Servers(stack, graceful_timeout=None)
+    broker = await servers.add(gate.handle, max_workers=2)
     call = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=3))
     try:
         await asyncio.wait_for(gate.entered.wait(), 10)
-        await asyncio.wait_for(broker.stop(), 5)  # returns although the handler is still held
+        await asyncio.wait_for(servers.stop(broker), 5)  # returns although the handler is still held
         assert gate.running == 1
     finally:
         gate.release.set()
@@ -122,7 +193,7 @@ async def test_without_a_graceful_timeout_stop_does_not_wait_for_handlers(stack,
     assert unanswered.value.retryable
 
 
-async def test_the_callers_trace_continues_into_the_handler_and_the_reply(stack, test_contracts, nats_broker):
+async def test_the_callers_trace_continues_into_the_handler_and_the_reply(servers, nats_broker):
     spans = InMemorySpanExporter()
     configure_tracing("lean-test")
     provider = trace.get_tracer_provider()
@@ -134,18 +205,15 @@ async def test_the_callers_trace_continues_into_the_handler_and_the_reply(stack,
         seen["trace"], seen["span"] = format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
         return {"n": payload["n"]}
 
-    broker = await _server(stack, handler, max_workers=2)
-    try:
-        with trace.get_tracer("test").start_as_current_span("caller") as caller:
-            assert await RpcClient(nats_broker).call(SUBJECT, {"n": 1}) == {"n": 1}
-        tid = caller.get_span_context().trace_id
-        ours = [s for s in spans.get_finished_spans() if s.context.trace_id == tid]
-        by_name = {s.name: s for s in ours}
-        publish, process = by_name[f"{SUBJECT} publish"], by_name[f"{SUBJECT} process"]
-        assert publish.parent.span_id == caller.get_span_context().span_id
-        assert process.parent.span_id == publish.context.span_id
-        assert process.kind is trace.SpanKind.CONSUMER and publish.kind is trace.SpanKind.PRODUCER
-        # the handler ran inside the consumer span
-        assert seen == {"trace": format(tid, "032x"), "span": format(process.context.span_id, "016x")}
-    finally:
-        await broker.stop()
+    await servers.add(handler, max_workers=2)
+    with trace.get_tracer("test").start_as_current_span("caller") as caller:
+        assert await RpcClient(nats_broker).call(SUBJECT, {"n": 1}) == {"n": 1}
+    tid = caller.get_span_context().trace_id
+    ours = [s for s in spans.get_finished_spans() if s.context.trace_id == tid]
+    by_name = {s.name: s for s in ours}
+    publish, process = by_name[f"{SUBJECT} publish"], by_name[f"{SUBJECT} process"]
+    assert publish.parent.span_id == caller.get_span_context().span_id
+    assert process.parent.span_id == publish.context.span_id
+    assert process.kind is trace.SpanKind.CONSUMER and publish.kind is trace.SpanKind.PRODUCER
+    # the handler ran inside the consumer span
+    assert seen == {"trace": format(tid, "032x"), "span": format(process.context.span_id, "016x")}

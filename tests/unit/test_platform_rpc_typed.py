@@ -9,7 +9,7 @@ from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHi
 from ctxbuild_codec.models.subjects.ctx_persist_read_stream_reply import PersistReadStreamReply
 from ctxbuild_codec.models.subjects.ctx_persist_read_stream_request import PersistReadStreamRequest
 from ctxbuild_platform import claims, contracts
-from ctxbuild_platform.rpc import dispatch, request_model, rpc
+from ctxbuild_platform.rpc import declarations, dispatch, request_model, rpc
 from faststream.nats import NatsBroker, TestNatsBroker
 
 SUBJECT = "ctx.persist.read_stream"
@@ -80,7 +80,8 @@ async def test_a_request_reaches_its_handler_without_a_worker_thread(monkeypatch
     monkeypatch.setattr(claims.ClaimStore, "inline_limit", lambda self: 1 << 20)
     broker = NatsBroker(logger=None)
     rpc(broker, SUBJECT, queue="persistence")(handler)
-    async with TestNatsBroker(broker) as br:
+    assert broker.subscribers == []  # the runtime broker only gets the lean server; the declaration is elsewhere
+    async with TestNatsBroker(declarations(broker)) as br:
         reply = await br.request(json.dumps({"streamId": "turn:t1"}).encode(), SUBJECT, timeout=5)
     assert json.loads(reply.body) == {
         "result": {"streamId": "turn:t1", "events": [], "lastVersion": 0, "nextVersion": 1, "more": False}}

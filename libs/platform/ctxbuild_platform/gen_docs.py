@@ -1,7 +1,8 @@
 """Generate contracts/asyncapi.json (all services' NATS subjects) and contracts/openapi.json (HTTP edge).
 
 `python -m ctxbuild_platform.gen_docs contracts [--check]`. Each service's `__main__` exposes
-`create_app()`; its broker's subscribers become AsyncAPI channels, and each channel's payload points at the
+`create_app()`; its broker's subscribers and its ``@rpc`` subjects' declarations (:func:`rpc.declarations`)
+become AsyncAPI channels, and each channel's payload points at the
 subject's JSON Schema contract so the document and the validation use the same schemas.
 """
 
@@ -42,10 +43,18 @@ def _broker(app: Any) -> Any:
     return broker if broker is not None else app.state.broker
 
 
+def _brokers(app: Any) -> list[Any]:
+    """The app's broker and, if it serves ``@rpc`` subjects, the broker declaring them."""
+    from . import rpc
+
+    broker = _broker(app)
+    return [broker, rpc.declarations(broker)] if rpc.servers(broker) else [broker]
+
+
 def asyncapi(apps: dict[str, Any], contracts: Path) -> dict[str, Any]:
     from faststream.specification import AsyncAPI
 
-    spec = AsyncAPI(*[_broker(a) for a in apps.values()], title="ctxbuild", version="0.1.0",
+    spec = AsyncAPI(*[b for a in apps.values() for b in _brokers(a)], title="ctxbuild", version="0.1.0",
                     description="NATS subjects of the ctxbuild services. Payload schemas are the JSON Schemas "
                                 "in this folder; every reply is contracts/common/reply.json.",
                     schema_version="3.0.0").to_specification().to_jsonable()

@@ -4,7 +4,10 @@ Server side: ``@rpc(broker, "ctx.blob.put")`` wraps a typed handler ``async (req
 CtxBlobPutReply`` (the models generated from the contracts, :mod:`ctxbuild_codec.models`). The request is validated
 against ``contracts/subjects/<subject>.request.json``, parsed into the handler's model, and the result dumped and
 validated against ``….reply.json``; the reply is ``{"result": …}`` or ``{"error": {code, message, retryable}}``.
-One queue group per service, so replicas share the load.
+One queue group per service, so replicas share the load. The subject is served by a :class:`LeanServer` that
+:func:`start_servers` subscribes once the broker is connected and :func:`stop_servers` drains before it closes
+(the service runner calls both); its FastStream declaration (AsyncAPI, in-memory test broker) is a subscriber on
+:func:`declarations`, a broker that never connects.
 
 Client side: :class:`RpcClient` sends, decodes, and raises :class:`RemoteError` for an error reply, a timeout or
 no responders (both retryable).
@@ -20,7 +23,9 @@ import asyncio
 import contextlib
 import inspect
 import typing
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import structlog
@@ -29,6 +34,7 @@ from fast_depends.library import CustomField
 from faststream import Context
 from faststream.nats import NatsBroker
 from faststream.nats.message import NatsMessage
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError, NoRespondersError
@@ -172,28 +178,25 @@ class LeanServer:
 
     At most ``max_workers`` requests of the subscription are handled at once (the subscription's delivery waits
     for a free slot, as FastStream's ``max_workers`` does). :meth:`stop` drains: no new requests, the ones
-    delivered are handled and the in-flight ones finish (within ``graceful_timeout``), then the broker closes the
-    connection.
+    delivered are handled and the in-flight ones finish (within the graceful timeout).
 
-    The FastStream subscriber ``@rpc`` registers stays the subject's declaration: the AsyncAPI document is
-    generated from it and FastStream's test broker calls it in memory. Only on a real connection does this class
-    take its place (:func:`serve_lean`)."""
+    Started and stopped with the broker's connection by :func:`start_servers` / :func:`stop_servers` (the service
+    runner does both); the subject's FastStream declaration lives on :func:`declarations`."""
 
-    def __init__(self, broker: NatsBroker, subject: str, queue: str, max_workers: int,
-                 run: Callable[[bytes], Awaitable[bytes]], graceful_timeout: float | None) -> None:
-        self.broker, self.subject, self.queue, self.run = broker, subject, queue, run
+    def __init__(self, subject: str, queue: str, max_workers: int, run: Callable[[bytes], Awaitable[bytes]]) -> None:
+        self.subject, self.queue, self.run = subject, queue, run
         self.max_workers = max(1, max_workers)
-        self.graceful_timeout = graceful_timeout
+        self.connection: Client | None = None
         self.subscription: Subscription | None = None
         self._slots: asyncio.Semaphore | None = None
         self._inflight: set[asyncio.Task] = set()
 
-    async def start(self) -> None:
+    async def start(self, connection: Client) -> None:
         if self.subscription is not None:
             return
+        self.connection = connection
         self._slots = asyncio.Semaphore(self.max_workers)
-        self.subscription = await self.broker.connection.subscribe(self.subject, queue=self.queue,
-                                                                   cb=self._deliver)
+        self.subscription = await connection.subscribe(self.subject, queue=self.queue, cb=self._deliver)
 
     async def _deliver(self, msg: Msg) -> None:
         assert self._slots is not None
@@ -211,19 +214,21 @@ class LeanServer:
         span, ctx = consume_span(self.subject, msg.headers)
         token = otel_context.attach(ctx)
         try:
-            store = claims.store_for(self.broker)
+            connection = self.connection
+            assert connection is not None
             try:
-                reply = await claims.answer_raw(store, msg.data, msg.headers, self.subject, self.run)
+                reply = await claims.answer_raw(claims.store(connection), msg.data, msg.headers, self.subject,
+                                                self.run)
             except Exception as exc:  # noqa: BLE001 - a reply that cannot be built is still an answer
                 reply = claims.encode_json(error_reply(self.subject, exc))
             if msg.reply:
                 headers = dict(REPLY_HEADERS)
                 inject_into(headers, span)
                 try:
-                    await self.broker.connection.publish(msg.reply, reply, headers=headers)
+                    await connection.publish(msg.reply, reply, headers=headers)
                 except MaxPayloadError as exc:  # only a claim form could be this large: answer why
                     log.error("reply-too-large", subject=self.subject, size=len(reply), error=str(exc)[:200])
-                    await self.broker.connection.publish(
+                    await connection.publish(
                         msg.reply, claims.encode_json(error_reply(self.subject, exc)), headers=headers)
         except Exception as exc:  # noqa: BLE001 - the connection went away mid-reply: the caller times out
             span.record_exception(exc)
@@ -233,17 +238,17 @@ class LeanServer:
             otel_context.detach(token)
             span.end()
 
-    async def stop(self) -> None:
+    async def stop(self, graceful_timeout: float | None) -> None:
         """Drain: no new requests; the delivered ones are handled; wait for the in-flight ones, at most
         ``graceful_timeout``. Without a graceful timeout (as FastStream without one) it only unsubscribes."""
         sub, self.subscription = self.subscription, None
-        if self.graceful_timeout is None:
+        if graceful_timeout is None:
             if sub is not None:
                 with contextlib.suppress(Exception):  # a closed connection has no subscription left anyway
                     await sub.unsubscribe()
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.graceful_timeout
+        deadline = loop.time() + graceful_timeout
         if sub is not None:
             try:
                 await asyncio.wait_for(sub.drain(), max(0.0, deadline - loop.time()))
@@ -255,41 +260,72 @@ class LeanServer:
                 log.warning("drain-timeout", subject=self.subject, in_flight=len(pending))
 
 
-def serve_lean(subscriber: Any, server: LeanServer) -> None:
-    """Let ``server`` take the FastStream ``subscriber``'s messages on a real connection: the subscriber's start
-    subscribes the lean server instead of FastStream's consumer, and its stop drains the lean server first. The
-    subscriber object itself (its schema, its handler for the test broker) is unchanged."""
-    stop = subscriber.stop
+@dataclass
+class _Served:
+    """What ``@rpc`` registered for one runtime broker."""
 
-    async def create_subscription() -> None:
-        await server.start()
+    declarations: NatsBroker
+    servers: list[LeanServer] = field(default_factory=list)
 
-    async def stop_both() -> None:
-        await server.stop()
-        await stop()
 
-    subscriber._create_subscription = create_subscription
-    subscriber.stop = stop_both
+# keyed by the runtime broker, so registering needs nothing of the broker but its identity
+_served: weakref.WeakKeyDictionary[NatsBroker, _Served] = weakref.WeakKeyDictionary()
+
+
+def _registered(broker: NatsBroker) -> _Served:
+    served = _served.get(broker)
+    if served is None:
+        spec = broker.specification  # same server entry in the AsyncAPI document as the runtime broker
+        served = _served[broker] = _Served(NatsBroker(
+            specification_url=spec.url, protocol=spec.protocol, protocol_version=spec.protocol_version,
+            description=spec.description, tags=spec.tags, security=spec.security, logger=None))
+    return served
+
+
+def declarations(broker: NatsBroker) -> NatsBroker:
+    """The never-connected broker holding a FastStream subscriber per ``@rpc`` subject of ``broker``: the
+    subject's declaration (title, description, handler) for the AsyncAPI document and FastStream's in-memory
+    test broker. Its subscribers never take a message from a real connection: :class:`LeanServer` does."""
+    return _registered(broker).declarations
+
+
+def servers(broker: NatsBroker) -> tuple[LeanServer, ...]:
+    return tuple(_served[broker].servers) if broker in _served else ()
+
+
+async def start_servers(broker: NatsBroker) -> None:
+    """Subscribe every ``@rpc`` subject of ``broker`` on its (connected) nats-py connection."""
+    for server in servers(broker):
+        await server.start(broker.connection)
+
+
+async def stop_servers(broker: NatsBroker, graceful_timeout: float | None) -> None:
+    """Drain every ``@rpc`` subject of ``broker`` at once (see :meth:`LeanServer.stop`); before the broker
+    closes its connection, so the in-flight replies still go out."""
+    await asyncio.gather(*(server.stop(graceful_timeout) for server in servers(broker)))
 
 
 def rpc(broker: NatsBroker, subject: str, *, queue: str, max_workers: int = 16,
         description: str | None = None) -> Callable[[Handler], Handler]:
+    """Serve ``subject`` with a typed handler: a :class:`LeanServer` for ``broker`` (started by
+    :func:`start_servers`) and the subject's declaration on :func:`declarations` ``(broker)``."""
     def deco(fn: Handler) -> Handler:
         model = request_model(subject, fn)
+        served = _registered(broker)
+        declared_on = served.declarations
 
         async def run(raw: bytes) -> bytes:
             return claims.encode_json(await dispatch(subject, raw, fn, model))
 
         async def handler(message: Annotated[NatsMessage, OnLoop("message")]) -> bytes:
-            return await claims.answer(broker, message, run)
+            return await claims.answer(declared_on, message, run)
 
         handler.__name__ = fn.__name__
         handler.__doc__ = fn.__doc__
-        subscriber = broker.subscriber(subject, queue=queue, max_workers=max_workers, decoder=raw_body,
-                                       title=subject, description=description or fn.__doc__)
+        subscriber = declared_on.subscriber(subject, queue=queue, max_workers=max_workers, decoder=raw_body,
+                                            title=subject, description=description or fn.__doc__)
         subscriber(handler)
-        serve_lean(subscriber, LeanServer(broker, subject, queue, max_workers, run,
-                                          broker.config.graceful_timeout))
+        served.servers.append(LeanServer(subject, queue, max_workers, run))
         return fn
 
     return deco

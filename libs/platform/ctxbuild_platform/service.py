@@ -2,8 +2,9 @@
 
 - ``/healthz`` liveness: the process answers (nothing else — a dead dependency must not restart us).
 - ``/readyz`` readiness: broker connected + every dependency check of the service.
-- SIGTERM: uvicorn stops taking HTTP, the lifespan shuts FastStream down: subscriptions drain (in-flight
-  handlers finish within ``drain_timeout_s``), then the connection closes and the process exits.
+- SIGTERM: uvicorn stops taking HTTP, the lifespan shuts FastStream down: the ``@rpc`` subjects drain, then
+  FastStream's subscriptions (in-flight handlers finish within ``drain_timeout_s``), then the connection closes
+  and the process exits.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from faststream.asgi import AsgiFastStream, AsgiResponse, get
 from faststream.nats import NatsBroker
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 
-from . import claims
+from . import claims, rpc
 from .logging import configure_logging
 from .settings import ServiceSettings
 from .telemetry import TracingMiddleware, configure_tracing
@@ -96,6 +97,13 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
                     return await step()
         return run
 
+    async def serve_rpc() -> None:
+        # before the service's own steps: they may call other services, which may call this one
+        await rpc.start_servers(broker)
+
+    async def drain_rpc() -> None:
+        await rpc.stop_servers(broker, settings.drain_timeout_s)
+
     async def started() -> None:
         state["started"] = True
         log.info("service-started", http_port=settings.http_port)
@@ -104,8 +112,10 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
         broker,
         asgi_routes=[("/healthz", healthz), ("/readyz", readyz), *extra_routes],
         on_startup=[patient(step) for step in on_startup],
-        after_startup=[*after_startup, started],
-        on_shutdown=list(on_shutdown),
+        after_startup=[serve_rpc, *after_startup, started],
+        # the @rpc subjects drain after the service's own steps (as FastStream's subscribers did) and before the
+        # broker stops, so their in-flight replies still have the connection
+        on_shutdown=[*on_shutdown, drain_rpc],
         # after the broker drained: the place to close pools in-flight handlers still use
         after_shutdown=list(after_shutdown),
         logger=None,
