@@ -9,9 +9,13 @@ How it runs:
   routed to the upstream, a master key checked on every request, no callbacks), in its own process;
 - ctxbuild: a private full stack (``ctxbuild_devstack``: NATS JetStream, Postgres with fsync on, SeaweedFS and the six
   services), its gateway ``POST /v1/chat/completions`` with the local API key — every guarantee on (events durable,
-  the served request kept, auth checked).
+  the served request kept, auth checked);
+- floor: the durability floor (``bench/durable_floor.py``), no ctxbuild code: a bare Starlette proxy in its own
+  process that does only the durable work the guarantees imply — auth against an in-memory dict, one Postgres commit
+  (message + queued turn), the upstream call with the served request's S3 PUT beside it, one Postgres commit (the
+  answer) — on the private stack's Postgres and SeaweedFS; non-streamed requests only.
 The same client (httpx, one keep-alive connection per target, as the SDKs do) sends every request; each round sends
-the same request to the three targets one after another, in a rotating order.
+the same request to every target one after another, in a rotating order (the floor in the non-streamed half only).
 
 (a) small: a one-message request (nothing to trim), unique text per round; non-streamed, then streamed.
 (b) conversation: a 40-step client-tool conversation — the model (``[[fake: steps=40]]``) calls the client's tool
@@ -56,9 +60,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
 WINDOW = 32_000
 OUTPUT_CHARS = 12_000
-TARGETS = ("direct", "litellm", "ctxbuild")
-GATEWAYS = ("litellm", "ctxbuild")
+GATEWAYS = ("litellm", "ctxbuild", "floor")
+NO_STREAM = {"floor"}  # targets measured non-streamed only
 LITELLM_KEY = "sk-bench-litellm"
+FLOOR_KEY = "sk-bench-floor"
 FULL_OUTPUT = re.compile(r"Full output: (\S+)")  # a trim marker's URI, as the model reads it
 TOOL = {"type": "function", "function": {
     "name": "run_step", "description": "Run one step of the job and return its full log.",
@@ -68,12 +73,22 @@ console = Console(stderr=True)
 
 DEFINITIONS = {
     "overhead_ms": "a gateway's wall time for a request minus direct's for the same request in the same round "
-                   "(paired; rounds interleave the three targets in a rotating order), p50/p99 over the rounds",
+                   "(paired; rounds interleave the targets in a rotating order), p50/p99 over the rounds",
     "stream_first_byte / stream_last_byte": "streamed request: time from sending to the first / last byte of the "
                                             "response body",
     "served_over_raw_tokens": "sum over the conversation's steps of the tokens ctxbuild sent upstream, over the sum "
                               "of the tokens the client sent direct (codec counter over each message's text and "
                               "tool-call arguments)",
+    "floor": "the durability floor (bench/durable_floor.py, no ctxbuild code): a bare Starlette/uvicorn proxy in its "
+             "own process; per request (1) the bearer key checked against an in-memory dict, (2) one Postgres "
+             "transaction (one statement, one commit): the request's last message and a 'queued' turn row, (3) the "
+             "request forwarded to the same upstream (one keep-alive httpx client) while, beside that call, the "
+             "served request bytes are PUT to S3 (minio in a worker thread), both awaited, (4) one Postgres "
+             "transaction: the answer stored and the turn marked answered, (5) the upstream body returned. Same "
+             "Postgres (fsync/synchronous_commit as the stack has them, see small.floor_postgres) and SeaweedFS as "
+             "the ctxbuild stack, own schema; non-streamed only (the floor skips streaming)",
+    "floor_overhead_ratio_vs_litellm_p50": "floor's non-streamed overhead p50 / LiteLLM's, same rounds",
+    "overhead_ratio_vs_floor_p50": "ctxbuild's non-streamed overhead p50 / the floor's, same rounds",
     "readback_ok": "every client tool output ctxbuild served trimmed (a <persisted-output> marker in the upstream "
                    "request) was read back in full through the gateway: the model's fs_read pages joined back to "
                    "the client's output, same length and sha256",
@@ -204,11 +219,12 @@ def rotation(i: int, names: list[str]) -> list[str]:
 
 def small(targets: dict[str, Target], rounds: int, progress: Progress, task: Any) -> dict[str, Any]:
     names = list(targets)
-    lat: dict[str, dict[str, list[float]]] = {n: {"nonstream": [], "stream_first_byte": [], "stream_last_byte": []}
-                                              for n in names}
+    lat: dict[str, dict[str, list[float]]] = {
+        n: {"nonstream": []} if n in NO_STREAM else {"nonstream": [], "stream_first_byte": [], "stream_last_byte": []}
+        for n in names}
     for i in range(rounds):
         for mode in ("nonstream", "stream"):
-            for n in rotation(i, names):
+            for n in rotation(i, [n for n in names if mode == "nonstream" or n not in NO_STREAM]):
                 body = {"model": MODEL, "max_tokens": 32,
                         "messages": [{"role": "user", "content": f"Say hello ({mode} round {i}, {n})."}]}
                 if mode == "nonstream":
@@ -249,7 +265,7 @@ def message_tokens(messages: list[dict[str, Any]]) -> int:
 
 def conversation(targets: dict[str, Target], upstream: httpx.Client, steps: int, progress: Progress,
                  task: Any, rb_task: Any) -> dict[str, Any]:
-    names = list(targets)
+    names = [n for n in targets if n not in NO_STREAM]
     since = len(upstream.get("/_recorded").json())  # the small requests' bodies are not the conversation's
     # the script in the system prompt: served every step, while compaction may fold the first user message away
     system = {"role": "system", "content": f"You run jobs with run_step. [[fake: steps={steps}]]"}
@@ -375,15 +391,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             console.print("starting the LiteLLM proxy …")
             wait_http(f"http://127.0.0.1:{ll_port}/health/liveliness", 180, ll)
             targets["litellm"] = Target("litellm", f"http://127.0.0.1:{ll_port}/v1", LITELLM_KEY, "bench-litellm")
-        if "ctxbuild" in args.targets:
+        if "ctxbuild" in args.targets or "floor" in args.targets:
             os.environ["CTX_OPENAI_BASE_URL"] = upstream_url
             os.environ["CTX_OPENAI_API_KEY"] = "sk-upstream"
             os.environ["CTX_GATEWAY_MODELS"] = json.dumps({MODEL: {
                 "dialect": "openai", "contextWindow": WINDOW, "upstreamModel": "bench-ctxbuild"}})
             console.print("starting a private ctxbuild stack …")
-            st = stack.enter_context(private_stack("ctxbuild-bench-gateway-"))
-            targets["ctxbuild"] = Target("ctxbuild", st.env["CTX_ORCHESTRATION_HTTP"] + "/v1", st.env["CTX_API_KEY"],
-                                         "bench-ctxbuild")
+            st = stack.enter_context(private_stack("ctxbuild-bench-gateway-", **(
+                {} if "ctxbuild" in args.targets else {"services": ()})))  # the floor alone needs only Postgres + S3
+            if "ctxbuild" in args.targets:
+                targets["ctxbuild"] = Target("ctxbuild", st.env["CTX_ORCHESTRATION_HTTP"] + "/v1",
+                                             st.env["CTX_API_KEY"], "bench-ctxbuild")
+        floor_postgres = None
+        if "floor" in args.targets:
+            fl_port = free_port()
+            fl_env = {k: v for k, v in st.env.items() if k.startswith(("CTX_DATABASE_URL", "CTX_S3_"))}
+            fl = stack.enter_context(process(
+                [sys.executable, str(ROOT / "bench" / "durable_floor.py"), "--port", str(fl_port), "--upstream",
+                 upstream_url, "--key", FLOOR_KEY], tmp / "floor.log", fl_env))
+            wait_http(f"http://127.0.0.1:{fl_port}/health", 60, fl)
+            floor_postgres = httpx.get(f"http://127.0.0.1:{fl_port}/health").json()["postgres"]
+            targets["floor"] = Target("floor", f"http://127.0.0.1:{fl_port}/v1", FLOOR_KEY, MODEL)
         upstream = httpx.Client(base_url=f"http://127.0.0.1:{up_port}", timeout=120)
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*cols, console=console) as progress:
@@ -391,7 +419,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.warmup):  # first requests pay imports, connection set-up, first-time caches
                 for t in targets.values():
                     t.post({"model": MODEL, "messages": [{"role": "user", "content": f"warm-up {i}"}]})
-                    t.stream({"model": MODEL, "messages": [{"role": "user", "content": f"warm-up {i} stream"}]})
+                    if t.name not in NO_STREAM:
+                        t.stream({"model": MODEL, "messages": [{"role": "user", "content": f"warm-up {i} stream"}]})
                 progress.advance(t_warm)
             for t in targets.values():
                 t.headers.clear()
@@ -409,13 +438,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result_small["overhead_ratio_vs_litellm_p50"] = round(cb_p50 / ll_p50, 3) if ll_p50 > 0 else None
             result_small["overhead_ratio_vs_litellm_p50_stream_last_byte"] = round(
                 o["ctxbuild"]["stream_last_byte"]["p50"] / max(1e-9, o["litellm"]["stream_last_byte"]["p50"]), 3)
+        if "floor" in o:
+            fl_p50 = o["floor"]["nonstream"]["p50"]
+            result_small["floor_postgres"] = floor_postgres
+            # the floor did the durable work it is credited with: one answered turn and one object per request
+            sent = args.warmup + args.rounds
+            written = httpx.get(f"http://127.0.0.1:{fl_port}/written", timeout=30).json()
+            result_small["floor_written"] = {**written, "requests": sent}
+            if written != {"turns_answered": sent, "s3_objects": sent}:
+                raise RuntimeError(f"the floor did not write one turn and one object per request: {written}, {sent}")
+            if "litellm" in o:
+                ll_p50 = o["litellm"]["nonstream"]["p50"]
+                result_small["floor_overhead_ratio_vs_litellm_p50"] = round(fl_p50 / ll_p50, 3) if ll_p50 > 0 else None
+            if "ctxbuild" in o:
+                result_small["overhead_ratio_vs_floor_p50"] = (
+                    round(o["ctxbuild"]["nonstream"]["p50"] / fl_p50, 3) if fl_p50 > 0 else None)
         return {"small": result_small, "conversation": result_conv}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway.json")
-    ap.add_argument("--rounds", type=int, default=60, help="rounds of the small request (each: 3 targets × 2 modes)")
+    ap.add_argument("--rounds", type=int, default=60,
+                    help="rounds of the small request (each: every target non-streamed, then streamed but the floor)")
     ap.add_argument("--steps", type=int, default=40, help="client-tool steps of the conversation")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--targets", nargs="+", default=list(GATEWAYS), choices=list(GATEWAYS),
@@ -431,6 +476,8 @@ def main() -> None:
                     "/conversation/served_over_raw_tokens": "<= 0.5", "/conversation/readback_ok": True},
         "headline": {
             "small_overhead_ratio_vs_litellm_p50": small_r.get("overhead_ratio_vs_litellm_p50"),
+            "small_floor_overhead_ratio_vs_litellm_p50": small_r.get("floor_overhead_ratio_vs_litellm_p50"),
+            "small_overhead_ratio_vs_floor_p50": small_r.get("overhead_ratio_vs_floor_p50"),
             "small_overhead_ms_p50": {g: v["nonstream"]["p50"] for g, v in small_r["overhead_ms"].items()},
             "conversation_overhead_ms_p50_last_byte": {g: v["stream_last_byte"]["p50"]
                                                        for g, v in conv["overhead_ms"].items()},
