@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+import signal
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import uvicorn
@@ -122,24 +122,22 @@ def make_app(settings: ServiceSettings, broker: NatsBroker, *,
     )
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn re-raises SIGTERM after its graceful shutdown (exit status -15); a drained service exits 0."""
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()
+def _drained(signum: int, frame: Any) -> None:
+    """The handler uvicorn restores once it has shut down gracefully and then re-raises the signal into: the
+    service has drained, so the signal has done its work and the process goes on to exit 0."""
 
 
 def serve(app: Any, settings: ServiceSettings) -> None:
-    """Run until SIGTERM/SIGINT: stop taking HTTP, run the lifespan shutdown (FastStream drains), exit 0."""
+    """Run until SIGTERM/SIGINT: stop taking HTTP, run the lifespan shutdown (FastStream drains), exit 0.
+
+    uvicorn re-raises a captured signal into the handler that was installed before it started (the default one
+    would end a drained service with status -15): installing :func:`_drained` first makes that a no-op."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _drained)
     config = uvicorn.Config(app, host=settings.http_host, port=settings.http_port, log_config=None,
                             access_log=False, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 1,
                             lifespan="on")
-    _DrainingServer(config).run()
+    uvicorn.Server(config).run()
 
 
 def entry_points(build: Callable[[S], Any], settings_type: Callable[[], S]) -> tuple[Callable[..., Any],
