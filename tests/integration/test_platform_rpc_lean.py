@@ -164,7 +164,12 @@ async def test_stop_answers_the_in_flight_request_then_nobody_listens(stack, tes
     servers = Servers(stack)
     broker = await servers.add(gate.handle, max_workers=4)
     call = asyncio.create_task(rpc.call(SUBJECT, {"n": 7}))
-    await asyncio.wait_for(gate.entered.wait(), 10)
+    try:
+        await asyncio.wait_for(gate.entered.wait(), 10)
+    except BaseException:
+        gate.release.set()
+        await servers.stop(broker)  # a server left behind would answer the next test's requests
+        raise
     stopping = asyncio.create_task(servers.stop(broker))
     await asyncio.sleep(0.2)
     assert not stopping.done()  # the stop waits for the handler
@@ -186,6 +191,9 @@ async def test_without_a_graceful_timeout_stop_does_not_wait_for_handlers(stack,
         await asyncio.wait_for(gate.entered.wait(), 10)
         await asyncio.wait_for(servers.stop(broker), 5)  # returns although the handler is still held
         assert gate.running == 1
+    except BaseException:
+        await servers.stop(broker)  # a server left behind would answer the next module's requests
+        raise
     finally:
         gate.release.set()
     with pytest.raises(RemoteError) as unanswered:
@@ -217,3 +225,18 @@ async def test_the_callers_trace_continues_into_the_handler_and_the_reply(server
     assert process.kind is trace.SpanKind.CONSUMER and publish.kind is trace.SpanKind.PRODUCER
     # the handler ran inside the consumer span
     assert seen == {"trace": format(tid, "032x"), "span": format(process.context.span_id, "016x")}
+
+
+async def test_a_server_answers_a_request_sent_the_moment_start_servers_returns(stack, test_contracts, rpc):
+    """Ready means subscribed at the NATS server, not only queued in the client's write buffer: a request
+    published by another connection right after ``start_servers`` finds a responder, every time."""
+    async def handler(payload):
+        return {"n": payload["n"]}
+
+    for n in range(20):
+        servers = Servers(stack)
+        await servers.add(handler, max_workers=1)
+        try:
+            assert await rpc.call(SUBJECT, {"n": n}, timeout=5) == {"n": n}
+        finally:
+            await servers.close()

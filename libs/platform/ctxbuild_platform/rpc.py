@@ -294,9 +294,14 @@ def servers(broker: NatsBroker) -> tuple[LeanServer, ...]:
 
 
 async def start_servers(broker: NatsBroker) -> None:
-    """Subscribe every ``@rpc`` subject of ``broker`` on its (connected) nats-py connection."""
-    for server in servers(broker):
+    """Subscribe every ``@rpc`` subject of ``broker`` on its (connected) nats-py connection, and return only once
+    the server has the subscriptions: nats-py sends SUB with its next flush, and a request published by another
+    connection before then would find no responders."""
+    started = servers(broker)
+    for server in started:
         await server.start(broker.connection)
+    if started:
+        await broker.connection.flush()
 
 
 async def stop_servers(broker: NatsBroker, graceful_timeout: float | None) -> None:
