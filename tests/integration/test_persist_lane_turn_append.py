@@ -10,16 +10,13 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 
 from tests.integration.test_persistence_lane import sample_turn, start_conversation
+from tests.support.persistence import new_id
 
 
 @pytest.fixture(scope="module")
 def services(start_service) -> None:
     start_service("blobstore")
     start_service("persistence")
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
 
 
 async def queued_turn(rpc, turn_id: str) -> None:

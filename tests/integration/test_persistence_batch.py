@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from ctxbuild_platform.errors import RemoteError
 
-from tests.support.persistence import append, event, new_id, read_all_until
+from tests.support.persistence import append, event, event_store, new_id, read_all_until
 
 pytestmark = pytest.mark.integration
 
@@ -119,16 +119,10 @@ async def test_a_batch_over_the_inline_limit_goes_by_claim(persistence, rpc):
 async def test_batches_and_single_appends_written_together_each_get_their_own_answer(stack):
     """Requests that arrive together share one statement; a batch whose second part expects a stale version must
     write none of its parts, and must not fail nor hold up the appends grouped with it."""
-    from ctxbuild_persistence.adapters.db import Database, migrate
-    from ctxbuild_persistence.adapters.event_store import AppendPart, EventStore
+    from ctxbuild_persistence.adapters.event_store import AppendPart
     from ctxbuild_persistence.domain.append import NewEvent
 
-    url = stack.env["CTX_DATABASE_URL"]
-    await asyncio.to_thread(migrate, url)
-    db = Database(url, min_size=1, max_size=4)
-    await db.connect()
-    try:
-        store = EventStore(db)
+    async with event_store(stack) as store:
         a, b, c, d, e = (f"test:{new_id()}" for _ in range(5))
         await store.append(d, 0, [NewEvent(new_id(), "ThingHappened", {})])
 
@@ -146,12 +140,10 @@ async def test_batches_and_single_appends_written_together_each_get_their_own_an
         assert getattr(rcd, "code", None) == "version-conflict", rcd
         assert (re["fromVersion"], re["toVersion"]) == (1, 3)
         assert [(r["fromVersion"], r["toVersion"]) for r in rae] == [(3, 3), (4, 4)]
-        async with db.pool.acquire() as conn:
+        async with store.db.pool.acquire() as conn:
             rows = await conn.fetch("SELECT stream_id, count(*) AS n FROM persistence.events "
                                     "WHERE stream_id = ANY($1) GROUP BY stream_id", [a, b, c, d, e])
         assert {r["stream_id"]: r["n"] for r in rows} == {a: 3, b: 1, d: 1, e: 4}
-    finally:
-        await db.close()
 
 
 async def test_read_stream_last_is_the_tail_in_one_read(persistence, rpc):

@@ -14,7 +14,7 @@ import pytest
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 
-from tests.support.persistence import append, event, new_id, read_all_until, wait_until
+from tests.support.persistence import append, event, event_store, new_id, read_all_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -215,16 +215,9 @@ async def test_the_trace_of_the_caller_is_stored_with_every_event(persistence, s
 async def test_grouped_appends_each_get_their_own_answer(stack):
     """Appends that arrive together are written in one statement; one of them repeating stored ids or expecting
     the wrong version must neither fail nor hold up the others, and each gets the answer it would get alone."""
-    from ctxbuild_persistence.adapters.db import Database, migrate
-    from ctxbuild_persistence.adapters.event_store import EventStore
     from ctxbuild_persistence.domain.append import NewEvent
 
-    url = stack.env["CTX_DATABASE_URL"]
-    await asyncio.to_thread(migrate, url)
-    db = Database(url, min_size=1, max_size=4)
-    await db.connect()
-    try:
-        store = EventStore(db)
+    async with event_store(stack) as store:
         a, b, c, d = (f"test:{new_id()}" for _ in range(4))
         stored = [NewEvent(new_id(), "ThingHappened", {"k": k}) for k in range(2)]
         await store.append(b, 0, stored)
@@ -242,9 +235,7 @@ async def test_grouped_appends_each_get_their_own_answer(stack):
         assert isinstance(rc, Exception) and getattr(rc, "code", None) == "version-conflict", rc
         assert (rd["fromVersion"], rd["duplicates"]) == (1, 0)
         assert (ra2["fromVersion"], ra2["toVersion"]) == (4, 4)
-        async with db.pool.acquire() as conn:
+        async with store.db.pool.acquire() as conn:
             versions = await conn.fetch("SELECT stream_id, count(*) AS n, max(version) AS v FROM persistence.events "
                                         "WHERE stream_id = ANY($1) GROUP BY stream_id", [a, b, c, d])
         assert {r["stream_id"]: (r["n"], r["v"]) for r in versions} == {a: (4, 4), b: (2, 2), c: (1, 1), d: (1, 1)}
-    finally:
-        await db.close()

@@ -7,44 +7,33 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import shutil
 import uuid
-from pathlib import Path
 
 import nats
 import pytest
 import pytest_asyncio
 from ctxbuild_devstack.replica import Replica
-from ctxbuild_platform import claims, contracts
+from ctxbuild_platform import claims
 from ctxbuild_platform.errors import ClaimMissing, RemoteError
 from ctxbuild_platform.rpc import RpcClient, rpc, start_servers, stop_servers
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 from nats.js.errors import NotFoundError
 
+from tests.support.extra_contracts import with_subject
+
 pytestmark = pytest.mark.integration
 
 SUBJECT = "ctx.test.claims.echo"
-REPO_CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 
 
 @pytest.fixture(scope="module")
 def test_contracts(tmp_path_factory):
-    """The real contracts plus an echo subject of our own, loaded for this process only (the server below runs
-    here): the environment is restored at once, so service processes started meanwhile read the real ones."""
-    root = tmp_path_factory.mktemp("contracts") / "contracts"
-    shutil.copytree(REPO_CONTRACTS, root)
+    """The real contracts plus a subject of our own, loaded for this process only."""
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
               "required": ["data"], "properties": {"data": {"type": "string"}, "sha256": {"type": "string"}},
               "additionalProperties": False}
-    for kind in ("request", "reply"):
-        (root / "subjects" / f"{SUBJECT}.{kind}.json").write_text(json.dumps(schema))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CTX_CONTRACTS_DIR", str(root))
-        contracts.reset_cache()
-        assert contracts.has_contract(f"subjects/{SUBJECT}.request.json")  # loaded (and cached) from root
-    yield root
-    contracts.reset_cache()
+    yield from with_subject(tmp_path_factory, SUBJECT, schema)
 
 
 @pytest.fixture

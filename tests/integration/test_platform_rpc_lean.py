@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-from pathlib import Path
 
 import nats
 import pytest
 import pytest_asyncio
-from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient, declarations, rpc, start_servers, stop_servers
 from ctxbuild_platform.telemetry import configure_tracing
@@ -23,28 +20,19 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.support.extra_contracts import with_subject
+
 pytestmark = pytest.mark.integration
 
 SUBJECT = "ctx.test.lean.work"
-REPO_CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 
 
 @pytest.fixture(scope="module")
 def test_contracts(tmp_path_factory):
     """The real contracts plus a subject of our own, loaded for this process only."""
-    root = tmp_path_factory.mktemp("contracts") / "contracts"
-    shutil.copytree(REPO_CONTRACTS, root)
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
-              "required": ["n"], "properties": {"n": {"type": "integer"}, "traceparent": {"type": "string"}},
-              "additionalProperties": False}
-    for kind in ("request", "reply"):
-        (root / "subjects" / f"{SUBJECT}.{kind}.json").write_text(json.dumps(schema))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CTX_CONTRACTS_DIR", str(root))
-        contracts.reset_cache()
-        assert contracts.has_contract(f"subjects/{SUBJECT}.request.json")
-    yield root
-    contracts.reset_cache()
+    yield from with_subject(tmp_path_factory, SUBJECT, {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "required": ["n"],
+        "properties": {"n": {"type": "integer"}, "traceparent": {"type": "string"}}, "additionalProperties": False})
 
 
 class Gate:

@@ -6,11 +6,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from typing import Any
 
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+@asynccontextmanager
+async def event_store(stack) -> AsyncIterator[Any]:
+    """Persistence's own ``EventStore`` in the test process, on the stack's database (migrated)."""
+    from ctxbuild_persistence.adapters.db import Database, migrate
+    from ctxbuild_persistence.adapters.event_store import EventStore
+
+    url = stack.env["CTX_DATABASE_URL"]
+    await asyncio.to_thread(migrate, url)
+    db = Database(url, min_size=1, max_size=4)
+    await db.connect()
+    try:
+        yield EventStore(db)
+    finally:
+        await db.close()
 
 
 def event(type_: str, data: dict, **extra) -> dict:

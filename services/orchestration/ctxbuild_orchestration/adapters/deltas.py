@@ -28,7 +28,28 @@ async def publish_delta(broker: Any, delta: TurnTextDelta) -> None:
     await broker.publish(dump(delta), f"{DELTA_SUBJECT}.{delta.turnId}")
 
 
-class TurnFeed:
+class TurnNotices:
+    """One subscription to a turn's live notices, ``ctx.turn.*.<turnId>`` (deltas, appended, ended): subclasses
+    say what a message means (:meth:`on_message`)."""
+
+    _sub: Any = None
+
+    async def on_message(self, msg: Any) -> None:
+        raise NotImplementedError
+
+    async def subscribe(self, connection: Any, turn_id: str) -> None:
+        self._sub = await connection.subscribe(f"ctx.turn.*.{turn_id}", cb=self.on_message)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - a closed connection has dropped it already
+                pass
+            self._sub = None
+
+
+class TurnFeed(TurnNotices):
     """What an SSE stream of one turn listens to, on one subscription ``ctx.turn.*.<turnId>``: the live text deltas
     (kept as they arrived, when ``deltas``: the stream passes the bytes on as they are) and the wake-ups —
     ``ctx.turn.appended.<turnId>`` (an event was stored) and ``ctx.turn.ended.<turnId>`` — that tell it to read the
@@ -39,7 +60,6 @@ class TurnFeed:
         self.deltas = deltas
         self.live: asyncio.Queue[bytes] = asyncio.Queue(maxsize=maxsize)
         self.stored = asyncio.Event()  # something was appended since the reader last cleared it
-        self._sub: Any = None
 
     async def on_message(self, msg: Any) -> None:
         if not msg.subject.startswith(DELTA_SUBJECT + "."):
@@ -52,9 +72,6 @@ class TurnFeed:
             self.live.put_nowait(msg.data)
         except (ValueError, InvalidPayload, asyncio.QueueFull):
             pass
-
-    async def subscribe(self, connection: Any, turn_id: str) -> None:
-        self._sub = await connection.subscribe(f"ctx.turn.*.{turn_id}", cb=self.on_message)
 
     async def next_delta(self, timeout: float) -> bytes | None:
         """The next live delta, or None once ``timeout`` passed or an append was announced (read the events)."""
@@ -72,11 +89,3 @@ class TurnFeed:
         if get.done() and not get.cancelled():
             return get.result()
         return None
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - a closed connection has dropped it already
-                pass
-            self._sub = None

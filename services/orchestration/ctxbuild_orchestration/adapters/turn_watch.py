@@ -14,7 +14,7 @@ from ctxbuild_codec.models.subjects.ctx_turn_ended_request import TurnEndedNotic
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 
-from .deltas import DELTA_SUBJECT, text_delta
+from .deltas import DELTA_SUBJECT, TurnNotices, text_delta
 
 log = structlog.get_logger("turn_watch")
 ENDED_SUBJECT = "ctx.turn.ended"
@@ -31,13 +31,12 @@ async def publish_ended(broker: Any, turn_id: str, type_: str, result: dict[str,
         log.debug("ended-not-sent", turn_id=turn_id, error=str(exc)[:200])
 
 
-class TurnWatch:
+class TurnWatch(TurnNotices):
     """A turn's live deltas (``{"step", "seq", "text"}``) and its end, in arrival order on one queue: items are
     ``("delta", dict)`` or ``("ended", type)``. Malformed messages are dropped."""
 
     def __init__(self, maxsize: int = 10_000) -> None:
         self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=maxsize)
-        self._sub: Any = None
 
     async def on_message(self, msg: Any) -> None:
         try:
@@ -51,13 +50,3 @@ class TurnWatch:
         except (ValueError, InvalidPayload, asyncio.QueueFull):
             pass
 
-    async def subscribe(self, connection: Any, turn_id: str) -> None:
-        self._sub = await connection.subscribe(f"ctx.turn.*.{turn_id}", cb=self.on_message)
-
-    async def close(self) -> None:
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception as exc:  # noqa: BLE001 - a closed connection has dropped it already
-                log.debug("unsubscribe-failed", error=str(exc)[:200])
-            self._sub = None
