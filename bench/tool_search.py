@@ -84,7 +84,7 @@ def run(rounds: int) -> dict:
         sys.exit("the embedding model did not load: no semantic figures")
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    vectors = embedder.embed([ranking.semantic_text(t) for t in tools])
+    vectors = ranking.pool_views(embedder.embed(ranking.semantic_texts(tools)))
     embed_s = time.perf_counter() - t0
     lexical = ranking.SearchIndex(tools)
     shipped = ranking.SearchIndex(tools, vectors, embedder.embed)

