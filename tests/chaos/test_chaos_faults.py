@@ -130,9 +130,12 @@ class Follower(threading.Thread):
             return 0  # the turn is stuck: counted there
         want = [(e["type"], e["version"]) for e in events]
         if self.is_alive() or self.error or self.seen != want:
+            differ = next((i for i, (a, b) in enumerate(zip(self.seen, want, strict=False)) if a != b), None)
             symptoms.append(f"{label}: the CLI's follow {'still running' if self.is_alive() else 'ended'} "
                             f"with {len(self.seen)}/{len(want)} events, last {self.seen[-1:] or None}"
-                            f"{'; ' + self.error[:200] if self.error else ''}")
+                            + (f"; first difference at #{differ}: followed {self.seen[max(0, differ - 2):differ + 3]}"
+                               f", stored {want[max(0, differ - 2):differ + 3]}" if differ is not None else "")
+                            + f"{'; ' + self.error[:200] if self.error else ''}")
             return 1
         return 0
 
