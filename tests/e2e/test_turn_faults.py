@@ -55,7 +55,7 @@ def pages():
 @pytest.fixture(scope="module")
 def edge(stack, all_services):
     e = Replica(stack, "orchestration", "faults-edge", CTX_ROLE="edge", CTX_ABORT_GRACE_S="2",
-                **QUEUE_ENV).wait_ready()
+                CTX_ADMISSION_GRACE_S="2", **QUEUE_ENV).wait_ready()
     yield e
     e.stop()
 
@@ -340,7 +340,7 @@ def test_abort_ends_a_running_turn_whose_runner_died(stack, all_services, pages)
         edge2.stop()
 
 
-async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, rpc):
+async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, runner, rpc):
     cid = conversation(edge.url, "admitted only")
     tid = f"turn_{uuid.uuid4().hex[:20]}"
     await rpc.call("ctx.persist.append", {"streamId": f"conversation-turns:{cid}", "expectedVersion": 0, "events": [
@@ -355,6 +355,41 @@ async def test_abort_frees_a_turn_that_was_admitted_and_never_queued(edge, rpc):
     assert again.status_code == 409 and again.json()["code"] == "conflict"
     nxt = start_turn(edge.url, cid, "next", [{"text": "free again"}])
     assert [e["type"] for e in terminal(wait_for(edge.url, cid, nxt, terminal))] == ["TurnCompleted"]
+
+
+async def test_a_turn_recorded_but_never_submitted_is_submitted_again_and_runs(edge, runner, rpc):
+    """The edge died (or lost persistence's reply) between the commit of a turn's command and its submission to the
+    work queue: the command is stored, nobody will run it, and its admission holds the conversation. A request
+    for the conversation after the admission grace submits it again: it runs and ends, and the conversation is
+    free once it has."""
+    cid = conversation(edge.url, "stranded command")
+    tid, mid = f"turn_{uuid.uuid4().hex[:20]}", f"msg_{uuid.uuid4().hex[:20]}"
+    message = {"id": mid, "parentId": None, "role": "user", "parts": [{"type": "text", "text": "run me"}]}
+    command = {"turnId": tid, "conversationId": cid, "userMessageId": mid, "settings": {}, "trace": {},
+               "provider": {"kind": "replay", "script": [{"text": "ran after all"}]}}
+
+    def event(type_: str, data: dict) -> dict:
+        return {"eventId": str(uuid.uuid4()), "type": type_, "data": data}
+
+    # what the edge commits for a turn, then nothing: no submission
+    await rpc.call("ctx.persist.append_batch", {"appends": [
+        {"streamId": f"conversation-turns:{cid}", "expectedVersion": 0,
+         "events": [event("TurnAdmitted", {"turnId": tid, "userMessageId": mid})]},
+        {"streamId": f"conversation:{cid}", "expectedVersion": None,
+         "events": [event("UserMessageAdded", {"message": message})]},
+        {"streamId": f"turn:{tid}", "expectedVersion": 0, "events": [event("TurnQueued", command)]}]})
+    await asyncio.sleep(2.5)  # the edge's admission grace (CTX_ADMISSION_GRACE_S=2)
+    assert [e["type"] for e in events_of(edge.url, cid, tid)] == ["TurnQueued"]  # nothing ran it
+    async with httpx.AsyncClient(headers=AUTH, timeout=30) as http:
+        busy = await http.post(f"{edge.url}/v1/conversations/{cid}/turns",
+                               json={"text": "next", "provider": {"kind": "replay", "script": [{"text": "x"}]}})
+    assert busy.status_code == 409, busy.text  # still its turn: it is submitted again, not dropped
+    evs = await asyncio.to_thread(wait_for, edge.url, cid, tid, terminal, 60)
+    assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"]
+    assert terminal(evs)[0]["data"]["answer"] == "ran after all"
+    nxt = start_turn(edge.url, cid, "next", [{"text": "free again"}])
+    assert [e["type"] for e in terminal(await asyncio.to_thread(wait_for, edge.url, cid, nxt, terminal))] == \
+        ["TurnCompleted"]
 
 
 def test_an_aborted_turn_keeps_its_finished_steps(edge, runner, pages):

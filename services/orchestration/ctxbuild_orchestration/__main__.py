@@ -83,7 +83,7 @@ def build(settings: Settings) -> FastAPI:
     auth = Authenticator(AuthConfig.from_settings(settings), backends.read_stream_all)
     if settings.role in ("all", "edge"):
         edge = Edge(backends, queue, lambda spec: check_provider(spec, settings), settings.max_steps_limit,
-                    EdgeLimits.from_settings(settings), auth, settings.abort_grace_s)
+                    EdgeLimits.from_settings(settings), auth, settings.abort_grace_s, settings.admission_grace_s)
         app.include_router(build_api(edge, settings.sse_poll_s))
         # the drop-in gateway (SPEC §15.5): OpenAI and Anthropic wire formats over the same turns
         gateway = Gateway(edge, GatewayConfig.from_settings(settings), lambda spec: check_provider(spec, settings))

@@ -79,6 +79,10 @@ class Settings(ServiceSettings, WebToolSettings):
                               "wake-up (ctx.turn.appended/ended) arrived — a lost notice costs at most this")
     abort_grace_s: float = Field(10.0, ge=0, description="edge: an aborted running turn no runner ended within "
                                  "this long is ended by the edge (one terminal event id either way)")
+    admission_grace_s: float = Field(60.0, gt=0, description="edge: a turn admitted this long ago with no event yet "
+                                     "frees its conversation; one whose only event is its command is submitted "
+                                     "to the work queue again (the edge that recorded it may have died before "
+                                     "submitting it)")
     tool_timeout_s: float = 60.0
     trace_ui_url: str | None = Field(None, description="inspector (/ui): a trace UI URL with {trace_id}, e.g. "
                                      "http://localhost:16686/trace/{trace_id} (Jaeger); unset = trace ids as text")

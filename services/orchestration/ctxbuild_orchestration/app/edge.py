@@ -121,11 +121,12 @@ class Edge:
 
     def __init__(self, backends: Backends, queue: TurnQueue, check_provider: Callable[[dict[str, Any]], None],
                  max_steps_limit: int, limits: EdgeLimits, auth: Authenticator,
-                 abort_grace_s: float = ABORT_GRACE_S) -> None:
+                 abort_grace_s: float = ABORT_GRACE_S, admission_grace_s: float = ADMISSION_GRACE_S) -> None:
         self.backends, self.queue, self.auth, self.limits = backends, queue, auth, limits
         self.check_provider = check_provider
         self.max_steps_limit = max_steps_limit
         self.abort_grace_s = abort_grace_s
+        self.admission_grace_s = admission_grace_s
         self.watchdogs: set[asyncio.Task] = set()  # held: an unreferenced task may be collected before it runs
         # a hint, never the record: a turn in it has ended for sure (a terminal event is final); a miss reads
         self.ended_turns: OrderedDict[str, None] = OrderedDict()
@@ -293,16 +294,40 @@ class Edge:
                 "retryable": True})])
             raise ServiceError(f"the work queue is unavailable: {exc}", code="unavailable", retryable=True) from exc
 
-    async def still_running(self, admitted: Mapping[str, Any]) -> bool:
+    def _older_than_grace(self, event: Mapping[str, Any]) -> bool:
+        at = datetime.fromisoformat(event["recordedAt"])
+        return (datetime.now(UTC) - at).total_seconds() >= self.admission_grace_s
+
+    async def still_running(self, conversation_id: str, admitted: Mapping[str, Any]) -> bool:
         """Has the turn of an admission not ended yet? (No event yet: being queued right now, unless abandoned.)
-        A turn this replica saw end is not read."""
-        if admitted["data"]["turnId"] in self.ended_turns:
+        A turn this replica saw end is not read. A turn left at its command is submitted again
+        (:meth:`resubmit_if_stranded`): it holds the conversation until it has run."""
+        turn_id = admitted["data"]["turnId"]
+        if turn_id in self.ended_turns:
             return False
-        _, latest = await self.stream_tail(f"turn:{admitted['data']['turnId']}")
+        _, latest = await self.stream_tail(f"turn:{turn_id}")
         if latest is None:
-            at = datetime.fromisoformat(admitted["recordedAt"])
-            return (datetime.now(UTC) - at).total_seconds() < ADMISSION_GRACE_S
+            return not self._older_than_grace(admitted)
+        await self.resubmit_if_stranded(conversation_id, turn_id, latest)
         return latest["type"] not in TERMINAL
+
+    async def resubmit_if_stranded(self, conversation_id: str, turn_id: str, latest: Mapping[str, Any]) -> None:
+        """A turn whose only event is its command (TurnQueued, version 1), recorded longer than the admission grace
+        ago, may never have reached the work queue: the edge that recorded it died, or lost its connection, between
+        the commit and the submit. Submit it again. Harmless when it did arrive: the queue drops a duplicate within
+        its window, and a runner runs a turn once (TurnStarted's expected version; a started or ended turn is
+        acknowledged and left)."""
+        if latest["type"] != "TurnQueued" or latest["version"] != 1 or not self._older_than_grace(latest):
+            return
+        data = latest["data"]
+        if data.get("conversationId") != conversation_id:
+            return
+        try:
+            await self.queue.submit(turn_id, conversation_id, data)
+            log.warning("stranded-turn-resubmitted", turn_id=turn_id, conversation_id=conversation_id,
+                        recorded_at=latest["recordedAt"])
+        except Exception as exc:  # noqa: BLE001 - the next request for the conversation tries again
+            log.warning("stranded-turn-not-resubmitted", turn_id=turn_id, error=safe_text(exc))
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
                     regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None,
@@ -338,7 +363,7 @@ class Edge:
                 if not lost(exc):
                     raise
         version, previous = (0, None) if fresh else await self.stream_tail(stream)
-        if previous is not None and await self.still_running(previous):
+        if previous is not None and await self.still_running(conversation_id, previous):
             raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         try:
             await write(version)
@@ -357,7 +382,10 @@ class Edge:
             if t in self.ended_turns:
                 return False
             _, latest = await self.stream_tail(f"turn:{t}")
-            return latest is None or latest["type"] not in TERMINAL
+            if latest is None:
+                return True
+            await self.resubmit_if_stranded((latest.get("data") or {}).get("conversationId"), t, latest)
+            return latest["type"] not in TERMINAL
 
         await self.auth.admit_turn(who, turn_id, running)
         try:
