@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -48,14 +47,33 @@ FAST_PATH_VERSIONS = 2**31 - 1  # expected versions the one-statement path can b
 SLOW_PATH_ATTEMPTS = 5
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON text as stored (``json`` columns keep these bytes, key order included)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+# what json.dumps(value, ensure_ascii=False, separators=(",", ":")) builds per call, built once
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode(value: Any) -> tuple[str, int]:
+    """Compact JSON text as stored (``json`` columns keep these bytes, key order included) and its size in UTF-8
+    bytes. A lone surrogate (it came in as a \\ud8xx escape) has no UTF-8 form: such text is kept escaped."""
+    text = _COMPACT.encode(value)
+    if text.isascii():  # O(1) in CPython: no encoding needed to know the size
+        return text, len(text)
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate came in as a \\ud8xx escape: keep it escaped
-        text = json.dumps(value, separators=(",", ":"))
-    return text
+        return text, len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        text = _COMPACT_ASCII.encode(value)
+        return text, len(text)
+
+
+def dumps(value: Any) -> str:
+    """The stored JSON text of ``value`` (:func:`encode`)."""
+    return encode(value)[0]
+
+
+def stored_texts(event: NewEvent) -> tuple[str, str]:
+    """``data`` and ``metadata`` as stored: the text the append's checks already encoded, else encoded now."""
+    return (event.data_json if event.data_json is not None else dumps(event.data),
+            event.metadata_json if event.metadata_json is not None else dumps(event.metadata))
 
 
 @asynccontextmanager
@@ -72,6 +90,15 @@ async def db_errors() -> AsyncIterator[None]:
 
 def _iso(ts: datetime) -> str:
     return ts.isoformat()
+
+
+def event_json(row: asyncpg.Record) -> str:
+    """``dumps(row_to_event(row))`` without decoding ``data`` and ``metadata``: their stored text is spliced in as
+    is, so what is published is what was stored, byte for byte (``data::text`` and ``metadata::text`` of a
+    ``json`` column are the bytes appended)."""
+    return (f'{{"eventId":"{row["event_id"]}","streamId":{dumps(row["stream_id"])},"type":{dumps(row["type"])},'
+            f'"version":{row["version"]},"position":{row["position"]},"data":{row["data"]},'
+            f'"metadata":{row["metadata"]},"recordedAt":"{_iso(row["recorded_at"])}"}}')
 
 
 def row_to_event(row: asyncpg.Record) -> dict[str, Any]:
@@ -248,15 +275,33 @@ class EventStore:
         """One statement for the group; per request its replies (one per part), or None when it needs the checked
         path (a part's version did not match, or the statement hit a unique constraint: an id already stored, a
         concurrent writer)."""
-        parts = [(b, x) for b, p in enumerate(group, 1) for x in p.parts]
-        evs = [(i, k, e) for i, (_, x) in enumerate(parts, 1) for k, e in enumerate(x.events, 1)]
+        streams: list[str] = []
+        expected: list[int | None] = []
+        requests: list[int] = []
+        part_of: list[int] = []
+        nth: list[int] = []
+        ids: list[str] = []  # asyncpg encodes a uuid parameter from its text as well
+        types: list[str] = []
+        datas: list[str] = []
+        metas: list[str] = []
+        for b, p in enumerate(group, 1):
+            for x in p.parts:
+                streams.append(x.stream_id)
+                expected.append(x.expected_version)
+                requests.append(b)
+                i = len(streams)
+                for k, e in enumerate(x.events, 1):
+                    part_of.append(i)
+                    nth.append(k)
+                    ids.append(e.event_id)
+                    types.append(e.type)
+                    d, m = stored_texts(e)
+                    datas.append(d)
+                    metas.append(m)
         async with self.db.pool.acquire() as conn:
             try:
-                rows = await conn.fetch(
-                    _GROUP_APPEND, [x.stream_id for _, x in parts], [x.expected_version for _, x in parts],
-                    [i for i, _, _ in evs], [k for _, k, _ in evs], [uuid.UUID(e.event_id) for _, _, e in evs],
-                    [e.type for _, _, e in evs], [dumps(e.data) for _, _, e in evs],
-                    [dumps(e.metadata) for _, _, e in evs], [b for b, _ in parts])
+                rows = await conn.fetch(_GROUP_APPEND, streams, expected, part_of, nth, ids, types, datas, metas,
+                                        requests)
             except asyncpg.UniqueViolationError:
                 if len(group) == 1:
                     return [None]
@@ -290,7 +335,7 @@ class EventStore:
             try:
                 async with conn.transaction():
                     for part in parts:
-                        ids = [uuid.UUID(e.event_id) for e in part.events]
+                        ids = [e.event_id for e in part.events]
                         rows = await conn.fetch(_STATE, part.stream_id, ids)
                         current = rows[0]["current"]
                         existing = {str(r["event_id"]): StoredRef(r["stream_id"], r["version"], r["position"])
@@ -305,6 +350,7 @@ class EventStore:
     async def _insert(conn: asyncpg.Connection, plan: AppendPlan) -> list[int]:
         if not plan.to_insert:
             return []
+        texts = [stored_texts(e) for _, e in plan.to_insert]
         rows = await conn.fetch(
             "WITH ins AS ("
             "  INSERT INTO persistence.events (stream_id, version, event_id, type, data, metadata) "
@@ -317,10 +363,10 @@ class EventStore:
             "SELECT position, version FROM ins",
             plan.stream_id,
             [v for v, _ in plan.to_insert],
-            [uuid.UUID(e.event_id) for _, e in plan.to_insert],
+            [e.event_id for _, e in plan.to_insert],
             [e.type for _, e in plan.to_insert],
-            [dumps(e.data) for _, e in plan.to_insert],
-            [dumps(e.metadata) for _, e in plan.to_insert],
+            [d for d, _ in texts],
+            [m for _, m in texts],
         )
         by_version = {r["version"]: r["position"] for r in rows}
         return [by_version[v] for v, _ in plan.to_insert]

@@ -1,10 +1,11 @@
 """Outbox relay: publishes committed events to JetStream and marks their outbox rows.
 
 Each unpublished row (oldest position first) goes to ``<prefix>.<Type>`` on stream ``CTX_EVENTS`` with header
-``Nats-Msg-Id`` = event id, then the row is marked published. A relay killed between the JetStream ack and
-the mark publishes the row again on restart; JetStream drops it as a duplicate inside the stream's duplicate
-window (the relay creates the stream with ``events_duplicate_window_s``). Consumers still dedupe by
-``eventId``/``position`` for anything older than the window.
+``Nats-Msg-Id`` = event id, then the row is marked published. The body is the stored event
+(``event_store.event_json``): its ``data`` and ``metadata`` are the stored JSON text, byte for byte. A relay
+killed between the JetStream ack and the mark publishes the row again on restart; JetStream drops it as a
+duplicate inside the stream's duplicate window (the relay creates the stream with ``events_duplicate_window_s``).
+Consumers still dedupe by ``eventId``/``position`` for anything older than the window.
 
 A batch is pipelined (all rows sent, then the acks awaited): one JetStream round trip per batch, not per event.
 One replica relays at a time: a round holds a transaction-level advisory lock (``pg_try_advisory_xact_lock``; a
@@ -18,7 +19,8 @@ UPDATE.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -28,7 +30,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
 from .db import RELAXED, Database
-from .event_store import dumps, row_to_event
+from .event_store import event_json
 from .worker import WakeableWorker
 
 log = structlog.get_logger("outbox")
@@ -46,17 +48,19 @@ RELAY_LOCK = 0x6374785F72656C61  # 'ctx_rela': the one relaying replica
 TRACE_KEYS = ("traceparent", "tracestate")
 
 
-def event_headers(event: dict[str, Any]) -> dict[str, str]:
+def event_headers(row: Mapping[str, Any]) -> dict[str, str]:
+    """The JetStream headers of a claimed row (``metadata`` as its stored JSON text)."""
     headers = {
-        "Nats-Msg-Id": event["eventId"],
+        "Nats-Msg-Id": str(row["event_id"]),
         "content-type": "application/json",
-        "Ctx-Event-Type": event["type"],
-        "Ctx-Stream-Id": event["streamId"],
-        "Ctx-Event-Version": str(event["version"]),
-        "Ctx-Position": str(event["position"]),
+        "Ctx-Event-Type": row["type"],
+        "Ctx-Stream-Id": row["stream_id"],
+        "Ctx-Event-Version": str(row["version"]),
+        "Ctx-Position": str(row["position"]),
     }
+    metadata = json.loads(row["metadata"])  # small (the trace context and the caller's keys), unlike data
     for k in TRACE_KEYS:  # the appender's trace continues into every consumer of the event
-        v = event["metadata"].get(k)
+        v = metadata.get(k)
         if isinstance(v, str) and v and "\n" not in v and "\r" not in v:
             headers[k] = v
     return headers
@@ -118,11 +122,11 @@ class OutboxRelay(WakeableWorker):
             pending: list[tuple[int, asyncio.Future]] = []
             try:
                 for row in rows:
-                    event = row_to_event(row)
+                    # the body holds data and metadata as stored (never decoded and encoded again)
                     future = await js.publish_async(
-                        f"{self.subject_prefix}.{event['type']}", dumps(event).encode(),
-                        wait_stall=self.publish_timeout_s, stream=self.stream, headers=event_headers(event))
-                    pending.append((event["position"], future))
+                        f"{self.subject_prefix}.{row['type']}", event_json(row).encode(),
+                        wait_stall=self.publish_timeout_s, stream=self.stream, headers=event_headers(row))
+                    pending.append((row["position"], future))
             except Exception as exc:  # noqa: BLE001 - send failed: await what went out, keep the rest
                 failure = (rows[len(pending)]["position"], f"{type(exc).__name__}: {exc}"[:500])
             for i, (position, future) in enumerate(pending):

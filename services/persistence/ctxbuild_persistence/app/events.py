@@ -15,7 +15,7 @@ from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 from opentelemetry.propagate import inject
 
-from ..adapters.event_store import AppendPart, EventStore, dumps
+from ..adapters.event_store import AppendPart, EventStore, encode
 from ..domain.append import NewEvent
 from ..domain.projection import LogEvent, lone_surrogate_at, unprojectable
 from ..settings import Settings
@@ -31,7 +31,8 @@ def to_new_events(events: Sequence[AppendEvent], max_event_bytes: int, stream_id
     """Request events → NewEvent, validating each ``data`` against ``contracts/events/<Type>.json`` when it
     exists, refusing what could be stored but never read or projected (a lone surrogate anywhere; on a
     conversation stream, a NUL character in a field the projection keeps as text: SPEC §15.3), and stamping the
-    current trace context into ``metadata`` (caller-provided keys win). ``data`` is stored as the caller sent it."""
+    current trace context into ``metadata`` (caller-provided keys win). ``data`` is stored as the caller sent it; the
+    JSON text measured against ``max_event_bytes`` is the text stored."""
     trace: dict[str, str] = {}
     inject(trace)
     out: list[NewEvent] = []
@@ -52,11 +53,14 @@ def to_new_events(events: Sequence[AppendEvent], max_event_bytes: int, stream_id
         if reason is not None:
             raise InvalidPayload(f"events/{i} ({ev.type}): cannot be stored: {reason}", details={"eventIndex": i})
         metadata = {**trace, **given}
-        size = len(dumps(ev.data).encode()) + len(dumps(metadata).encode())
+        data_json, data_bytes = encode(ev.data)
+        metadata_json, metadata_bytes = encode(metadata)
+        size = data_bytes + metadata_bytes
         if size > max_event_bytes:
             raise InvalidPayload(f"events/{i} ({ev.type}): {size} bytes of JSON, over {max_event_bytes}",
                                  details={"eventIndex": i, "bytes": size, "limit": max_event_bytes})
-        out.append(NewEvent(event_id=str(ev.eventId), type=ev.type, data=ev.data, metadata=metadata))
+        out.append(NewEvent(event_id=str(ev.eventId), type=ev.type, data=ev.data, metadata=metadata,
+                            data_json=data_json, metadata_json=metadata_json))  # the text measured is stored
     return out
 
 

@@ -25,6 +25,10 @@ class NewEvent:
     type: str
     data: dict[str, Any]
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the JSON text stored for data / metadata, when the append's checks already encoded it (None: the store
+    # encodes it): one encoding per event, not one per use
+    data_json: str | None = field(default=None, repr=False)
+    metadata_json: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
