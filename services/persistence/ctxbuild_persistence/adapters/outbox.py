@@ -45,6 +45,7 @@ _CLAIM = (
     "WHERE relay.mine AND o.published_at IS NULL ORDER BY o.position LIMIT $1"
 )
 RELAY_LOCK = 0x6374785F72656C61  # 'ctx_rela': the one relaying replica
+MAX_PENDING = 4000  # publishes in flight on the relay's JetStream context (nats-py's default)
 TRACE_KEYS = ("traceparent", "tracestate")
 
 
@@ -102,7 +103,9 @@ class OutboxRelay(WakeableWorker):
         """One JetStream context per connection: publish_async keeps its reply subscription on it."""
         nc = self._connection()
         if self._js_ctx is None or self._js_conn is not nc:
-            self._js_ctx, self._js_conn = nc.jetstream(timeout=self.publish_timeout_s), nc
+            self._js_ctx = nc.jetstream(timeout=self.publish_timeout_s,
+                                        publish_async_max_pending=max(MAX_PENDING, self.batch_size))
+            self._js_conn = nc
         return self._js_ctx
 
     async def relay_once(self) -> int:
@@ -120,12 +123,16 @@ class OutboxRelay(WakeableWorker):
         async with self.db.pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(_CLAIM, self.batch_size, RELAY_LOCK)
             pending: list[tuple[int, asyncio.Future]] = []
+            # when every row has a free in-flight slot, the wait for one cannot stall: no timer for it (on Python
+            # 3.11 a timed wait is a task per message); otherwise wait at most the publish timeout
+            stall = (None if js.publish_async_pending() + len(rows) <= max(MAX_PENDING, self.batch_size)
+                     else self.publish_timeout_s)
             try:
                 for row in rows:
                     # the body holds data and metadata as stored (never decoded and encoded again)
                     future = await js.publish_async(
                         f"{self.subject_prefix}.{row['type']}", event_json(row).encode(),
-                        wait_stall=self.publish_timeout_s, stream=self.stream, headers=event_headers(row))
+                        wait_stall=stall, stream=self.stream, headers=event_headers(row))
                     pending.append((row["position"], future))
             except Exception as exc:  # noqa: BLE001 - send failed: await what went out, keep the rest
                 failure = (rows[len(pending)]["position"], f"{type(exc).__name__}: {exc}"[:500])
