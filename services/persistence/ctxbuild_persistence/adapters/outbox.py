@@ -138,7 +138,9 @@ class OutboxRelay(WakeableWorker):
                 failure = (rows[len(pending)]["position"], f"{type(exc).__name__}: {exc}"[:500])
             for i, (position, future) in enumerate(pending):
                 try:
-                    ack = await asyncio.wait_for(future, timeout=self.publish_timeout_s)
+                    # an ack already in needs no timer (nor a loop turn): pipelined acks mostly arrive together
+                    ack = future.result() if future.done() else await asyncio.wait_for(
+                        future, timeout=self.publish_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - stop at the first missing ack
                     failure = (position, f"{type(exc).__name__}: {exc}"[:500])
                     for _, rest in pending[i + 1:]:
