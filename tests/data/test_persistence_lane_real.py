@@ -8,8 +8,10 @@ from its blobs — through ``ctx.blob.fs_read`` paging (what the model uses) and
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 import uuid
 
 import asyncpg
@@ -25,6 +27,22 @@ TRAJECTORY = "trajectories/03_miniswe_deepseek-chat_sqlfluff-1733.traj.json"
 
 
 services = services_fixture("blobstore", "persistence")
+
+
+async def projected(stack, cid: str, timeout: float = 60.0) -> None:
+    """Until the projection has the conversation's last event (the log's order is (tx, position))."""
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        deadline = time.monotonic() + timeout
+        while not await conn.fetchval(
+                "SELECT (c.tx, c.position) >= (e.tx, e.position) FROM persistence.projection_tracking t "
+                "JOIN persistence.events c ON c.position = t.position, (SELECT tx, position FROM persistence.events "
+                "WHERE stream_id = $1 ORDER BY version DESC LIMIT 1) e WHERE t.name = 'conversation'",
+                f"conversation:{cid}"):
+            assert time.monotonic() < deadline, f"the projection never reached conversation {cid}"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +114,7 @@ async def test_real_trajectory_through_the_persist_lane(services, rpc, stack, tr
     assert len(res["parts"]) == len(expected) > 0
     assert all(p["outcome"] == "persisted" and p["envelope"] == "v1" for p in res["parts"]), res["parts"]
 
+    await projected(stack, cid)  # the conversation may be short enough to be folded while the projector is behind
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert h["source"] == "projection" and len(h["messages"]) == len(before) + len(turn)
     assert h["lastUsage"]["usage"]["inputTokens"] > 0

@@ -5,8 +5,10 @@ finding #3 (read-tool echoes stored trimmed)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 import uuid
 
 import asyncpg
@@ -27,6 +29,22 @@ def services(start_service) -> None:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+async def projected(stack, cid: str, timeout: float = 30.0) -> None:
+    """Until the projection has the conversation's last event (the log's order is (tx, position))."""
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        deadline = time.monotonic() + timeout
+        while not await conn.fetchval(
+                "SELECT (c.tx, c.position) >= (e.tx, e.position) FROM persistence.projection_tracking t "
+                "JOIN persistence.events c ON c.position = t.position, (SELECT tx, position FROM persistence.events "
+                "WHERE stream_id = $1 ORDER BY version DESC LIMIT 1) e WHERE t.name = 'conversation'",
+                f"conversation:{cid}"):
+            assert time.monotonic() < deadline, f"the projection never reached conversation {cid}"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
 
 
 def result(call: str, tool: str, output: dict, **extra) -> dict:
@@ -101,6 +119,7 @@ async def test_oversized_outputs_become_envelopes_readable_in_full(services, rpc
     assert [(p["toolCallId"], p["outcome"], p["envelope"]) for p in res["parts"]] == [
         ("k1", "persisted", "v1"), ("k2", "persisted", "v2"), ("k3", "persisted", "v2"), ("k4", "persisted", "v1")]
 
+    await projected(stack, cid)  # a conversation this short is folded while the projector is behind
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert h["source"] == "projection" and [m["id"] for m in h["messages"]] == ["u1"] + [m["id"] for m in messages]
     stored = h["messages"][2]["parts"]

@@ -1,6 +1,7 @@
 """The conversation projection on the real service: history read from the projection equals the fold of the
-events, read-your-writes, branches, file references, the fallback when the projection is held back, two
-projectors racing, and the rebuild command (rebuild == live)."""
+events, read-your-writes, branches, file references, the fallback when the projection is held back (a short
+conversation folded at once with the projection's content, a long one waiting for the projection), two projectors
+racing, and the rebuild command (rebuild == live)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ import time
 
 import asyncpg
 import pytest
+from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
 from ctxbuild_persistence.adapters.db import Database
+from ctxbuild_persistence.adapters.event_store import EventStore
 from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot
+from ctxbuild_persistence.app import History
 from ctxbuild_persistence.domain.conversation import history
+from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError
 
-from tests.support.persistence import append, event, new_id
+from tests.support.persistence import append, event, new_id, wait_until
 
 pytestmark = pytest.mark.integration
 
 SHA = "0f" * 32
+# the service's setting (the stack leaves it at its default): conversations up to this many events are folded at
+# once while the projection lacks their last event; longer ones wait for it
+FOLD_MAX = Settings.model_fields["history_fold_max_events"].default
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +40,11 @@ def persistence(start_service) -> str:
 
 def msg(id_: str, role: str = "user", text: str | None = None, **extra) -> dict:
     return {"id": id_, "role": role, "parts": [{"type": "text", "text": text or id_}], **extra}
+
+
+def filler(count: int) -> list[dict]:
+    """``count`` UserMessageAdded events p0…: a conversation longer than FOLD_MAX is read from the projection."""
+    return [event("UserMessageAdded", {"message": msg(f"p{i}")}) for i in range(count)]
 
 
 async def folded(rpc, cid: str, anchor: str | None = None) -> dict:
@@ -108,6 +121,7 @@ async def build_tree(rpc, cid: str) -> None:
 async def test_history_from_the_projection_equals_the_fold(persistence, rpc, stack):
     cid = new_id()
     await build_tree(rpc, cid)
+    await caught_up(stack.env["CTX_DATABASE_URL"])  # a short conversation: served by the projection once it has it
     h = await rpc.call("ctx.persist.history", {"conversationId": cid, "includeBranches": True})
     assert [m["id"] for m in h["messages"]] == ["u1", "a1", "t1", "a2", "u2"]
     assert h["branches"] == {"a2": ["a2", "a2b"]}
@@ -147,11 +161,13 @@ async def test_history_from_the_projection_equals_the_fold(persistence, rpc, sta
 
 
 async def test_read_your_writes(persistence, rpc):
-    """Every history right after an append already contains it — from the projection, not by folding."""
+    """Every history right after an append already contains it — from the projection, not by folding (the
+    conversation is longer than FOLD_MAX: it waits for the projection)."""
     cid = new_id()
     stream = f"conversation:{cid}"
-    await append(rpc, stream, [event("ConversationCreated", {"conversationId": cid})], expected=0)
-    version = 1
+    await append(rpc, stream, [event("ConversationCreated", {"conversationId": cid}), *filler(FOLD_MAX)],
+                 expected=0)
+    version = FOLD_MAX + 1
     for i in range(25):
         res = await append(rpc, stream, [event("UserMessageAdded", {"message": msg(f"m{i}")})], expected=version)
         version = res["toVersion"]
@@ -160,24 +176,25 @@ async def test_read_your_writes(persistence, rpc):
                                                                      "userMessageId": f"m{i}"})], expected=0)
         h = await rpc.call("ctx.persist.history", {"conversationId": cid})
         assert h["source"] == "projection" and h["version"] == version
-        assert h["messages"][-1]["id"] == f"m{i}" and len(h["messages"]) == i + 1
+        assert h["messages"][-1]["id"] == f"m{i}" and len(h["messages"]) == FOLD_MAX + i + 1
 
 
 async def test_a_projection_held_back_falls_back_to_folding(persistence, rpc, stack):
-    """With the tracking row locked (a rebuild in progress, a stuck replica), history waits the bounded time
-    and then folds the events: late, never stale."""
+    """With the tracking row locked (a rebuild in progress, a stuck replica), history of a long conversation
+    waits the bounded time and then folds the events: late, never stale."""
     cid = new_id()
     stream = f"conversation:{cid}"
-    await append(rpc, stream, [event("UserMessageAdded", {"message": msg("u1")})], expected=0)
+    await append(rpc, stream, filler(FOLD_MAX), expected=0)
     await caught_up(stack.env["CTX_DATABASE_URL"])
+    expected = [f"p{i}" for i in range(FOLD_MAX)] + ["u2"]
     conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
     try:
         tx = conn.transaction()
         await tx.start()
         await conn.execute("SELECT 1 FROM persistence.projection_tracking WHERE name = 'conversation' FOR UPDATE")
-        await append(rpc, stream, [event("UserMessageAdded", {"message": msg("u2")})], expected=1)
+        await append(rpc, stream, [event("UserMessageAdded", {"message": msg("u2")})], expected=FOLD_MAX)
         h = await rpc.call("ctx.persist.history", {"conversationId": cid})  # it returns: no timeout error
-        assert h["source"] == "fold" and [m["id"] for m in h["messages"]] == ["u1", "u2"]
+        assert h["source"] == "fold" and [m["id"] for m in h["messages"]] == expected
         # the projection really was behind (its tracking row still locked): the fold answered, not stale rows
         tracked = await conn.fetchval("SELECT position FROM persistence.projection_tracking "
                                       "WHERE name = 'conversation'")
@@ -187,7 +204,108 @@ async def test_a_projection_held_back_falls_back_to_folding(persistence, rpc, st
     finally:
         await conn.close()
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
-    assert h["source"] == "projection" and [m["id"] for m in h["messages"]] == ["u1", "u2"]
+    assert h["source"] == "projection" and [m["id"] for m in h["messages"]] == expected
+
+
+# every kind of page a reply can be: branches, anchors, the turn-start window (summary, clear), the byte budget,
+# maxMessages
+SHORT_READS = [{}, {"includeBranches": True}, {"anchorId": "a2b", "includeBranches": True}, {"anchorId": "t1"},
+               {"anchorId": "u2", "window": "turn-start"}, {"window": "turn-start"}, {"maxBytes": 1024},
+               {"anchorId": "u2", "maxMessages": 2}]
+
+
+async def test_a_short_conversation_behind_the_projector_is_folded_at_once_with_its_content(
+        persistence, rpc, stack):
+    """Up to FOLD_MAX events, a history read while the projection lacks the conversation's last event is folded
+    at once (no wait for the projector) — and is the very reply the projection gives once it has caught up."""
+    url = stack.env["CTX_DATABASE_URL"]
+    cid = new_id()
+    await caught_up(url)
+    conn = await asyncpg.connect(url)
+    try:
+        tx = conn.transaction()
+        await tx.start()  # the projector cannot move while this holds its tracking row
+        await conn.execute("SELECT 1 FROM persistence.projection_tracking WHERE name = 'conversation' FOR UPDATE")
+        await build_tree(rpc, cid)
+        await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": msg(
+            "u3", text="x" * 1500, clearContext=True)})], expected=8)
+        folds = [await rpc.call("ctx.persist.history", {"conversationId": cid, **r}) for r in SHORT_READS]
+        tracked = await conn.fetchval("SELECT position FROM persistence.projection_tracking "
+                                      "WHERE name = 'conversation'")
+        head = await conn.fetchval("SELECT max(position) FROM persistence.events WHERE stream_id = $1",
+                                   f"conversation:{cid}")
+        assert tracked < head  # the projection really lacked the conversation while the folds answered
+        await tx.rollback()
+    finally:
+        await conn.close()
+    assert [f["source"] for f in folds] == ["fold"] * len(SHORT_READS)
+    assert folds[0]["version"] == 9 and folds[1]["branches"] == {"a2": ["a2", "a2b"]}
+    assert [(f["start"], f.get("clearedBefore")) for f in folds[4:7]] == [
+        ("summary", False), ("clear", None), ("page", None)]
+    await caught_up(url)
+    for read, fold in zip(SHORT_READS, folds, strict=True):
+        projected = await rpc.call("ctx.persist.history", {"conversationId": cid, **read})
+        assert projected["source"] == "projection", read
+        assert {**projected, "source": "-"} == {**fold, "source": "-"}, read
+
+
+async def test_behind_the_projector_a_short_conversation_is_folded_at_once_a_long_one_waits(
+        persistence, rpc, stack):
+    """While the projection lacks a conversation's last event, a history read of a short one (≤ FOLD_MAX events)
+    is folded without waiting for the projector; past FOLD_MAX it waits for the projector, then serves the
+    projection. History runs in this process on the stack's database, with a projector of its own that only this
+    test moves (its waiting readers are visible)."""
+    url = stack.env["CTX_DATABASE_URL"]
+    db = Database(url, min_size=1, max_size=4)
+    await db.connect()
+    projector = Projector(db)  # never started: it moves when this test calls project_once
+    settings = Settings(database_url=url, nats_url=stack.env["CTX_NATS_URL"], history_projection_wait_s=300)
+    reader = History(EventStore(db), settings, projector)
+    long_cid, short_cid = new_id(), new_id()
+    reads: list[asyncio.Task] = []
+
+    async def read(cid: str) -> asyncio.Task:
+        """The read started, once it waits for the projector or has answered."""
+        task = asyncio.create_task(reader.read(PersistHistoryRequest(conversationId=cid)))
+        reads.append(task)
+
+        async def waiting_or_answered() -> bool:
+            return projector.readers_waiting > 0 or task.done()
+
+        await wait_until(waiting_or_answered, 30, "the read waits or answers", interval=0.01)
+        return task
+
+    try:
+        await append(rpc, f"conversation:{long_cid}", filler(FOLD_MAX), expected=0)
+        await caught_up(url)
+        await projector.project_once()  # it knows where the projection is
+        conn = await asyncpg.connect(url)
+        try:
+            tx = conn.transaction()
+            await tx.start()  # the projection cannot move while this holds its tracking row
+            await conn.execute("SELECT 1 FROM persistence.projection_tracking WHERE name = 'conversation' "
+                               "FOR UPDATE")
+            await append(rpc, f"conversation:{short_cid}", filler(2), expected=0)
+            await append(rpc, f"conversation:{long_cid}", [event("UserMessageAdded", {"message": msg("u-last")})],
+                         expected=FOLD_MAX)
+            short = await read(short_cid)
+            assert short.done() and projector.readers_waiting == 0  # folded, not waiting
+            assert short.result().source == "fold" and [m["id"] for m in short.result().messages] == ["p0", "p1"]
+            long = await read(long_cid)
+            assert not long.done() and projector.readers_waiting == 1  # waiting, not folded
+            await tx.rollback()
+        finally:
+            await conn.close()
+        while not long.done():
+            await projector.project_once()  # projects, or learns that the service's projector did
+            await asyncio.sleep(0.01)
+        reply = long.result()
+        assert reply.source == "projection" and reply.version == FOLD_MAX + 1
+        assert [m["id"] for m in reply.messages] == [f"p{i}" for i in range(FOLD_MAX)] + ["u-last"]
+    finally:
+        for task in reads:
+            task.cancel()
+        await db.close()
 
 
 async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, stack):

@@ -392,8 +392,9 @@ async def test_an_event_the_projection_cannot_apply_is_parked_and_the_rest_goes_
     position = await insert_behind_the_service(pg, f"conversation:{bad_cid}", type_, data_json)
     # another conversation written after it: the projection must get past the bad event to serve it
     cid = (await http.post("/v1/conversations", json={"title": "a neighbour"}, timeout=30)).json()["id"]
-    await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
+    neighbour = await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
         "id": "msg_n1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}})])
+    await projection_at(pg, neighbour["positions"][-1])  # else a conversation this short is folded
     hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == "hello"
     await projection_at(pg, position)
@@ -424,6 +425,7 @@ async def test_a_nul_inside_a_message_body_is_projected_not_parked(http, rpc, pg
     text = "before\x00after"
     result = await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
         "id": "msg_nul", "role": "user", "parts": [{"type": "text", "text": text}]}})])
+    await projection_at(pg, result["positions"][-1])  # else a conversation this short is folded
     hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == text
     assert await pg.fetchval("SELECT count(*) FROM persistence.parked_events WHERE position = $1",

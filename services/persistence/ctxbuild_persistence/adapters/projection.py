@@ -9,9 +9,11 @@ writes the projection rows and (4) moves the position (the last event applied; i
 before the commit undoes all four, a crash after keeps all four.
 
 Read-your-writes: ``ctx.persist.history`` looks up the log cursor ``(tx, position)`` of the conversation stream's
-last event, waits (bounded, ``history_projection_wait_s``) until the projection is at or past it — waking the
-projector — and reads the rows in one snapshot together with the tracking position. A projection still behind
-after the wait (or failing) is bypassed: the reply is folded from the events (``source: "fold"``), never stale.
+last event (with the stream's version and the projection's committed position, one statement), waits (bounded,
+``history_projection_wait_s``) until the projection is at or past it — waking the projector — and reads the rows
+in one snapshot together with the tracking position. A projection still behind after the wait (or failing) is
+bypassed: the reply is folded from the events (``source: "fold"``), never stale. A short conversation
+(``history_fold_max_events``) is folded at once instead of waiting: its fold costs less than a projector round.
 """
 
 from __future__ import annotations
@@ -289,6 +291,11 @@ class Projector(WakeableWorker):
         finally:
             self._waiters -= 1
 
+    @property
+    def readers_waiting(self) -> int:
+        """History reads waiting in :meth:`wait_for` right now."""
+        return self._waiters
+
     async def status(self) -> dict[str, Any]:
         """The projection's position, its last error and how many events it parked (GET /projection)."""
         async with db_errors(), self.db.pool.acquire() as conn:
@@ -314,7 +321,7 @@ class Projector(WakeableWorker):
     def idle_timeout(self, done: int | None) -> float:
         # someone waits for it: another replica is projecting (None), or the awaited event is not visible yet (the
         # log stops before a transaction still running, e.g. the relay's) — poll quickly
-        return 0.05 if self._waiters else self.poll_interval_s
+        return 0.05 if self.readers_waiting else self.poll_interval_s
 
     async def failed(self, error: str, retry_in_s: float) -> None:
         # history falls back to folding while this is failing
@@ -324,13 +331,32 @@ class Projector(WakeableWorker):
 
 # ---------------------------------------------------------------- reads
 
-async def stream_head(db: Database, stream_id: str) -> tuple[int, int]:
-    """The log cursor ``(tx, position)`` of a stream's last event ((0, 0) = no events)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamHead:
+    """Where a stream ends and where the projection stood, read in one statement."""
+
+    cursor: tuple[int, int]  # log cursor (tx, position) of the stream's last event ((0, 0): no events)
+    version: int  # the stream's version (0: no events)
+    projected: tuple[int, int]  # log cursor of the last event the projection has committed ((0, 0): none)
+
+
+_STREAM_HEAD = """
+SELECT h.tx, h.position, h.version, p.tx AS projected_tx, p.position AS projected_position
+FROM (SELECT 1) one
+LEFT JOIN (SELECT tx::text::bigint AS tx, position, version FROM persistence.events WHERE stream_id = $1
+           ORDER BY version DESC LIMIT 1) h ON true
+LEFT JOIN (SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM persistence.projection_tracking t
+           LEFT JOIN persistence.events e ON e.position = t.position WHERE t.name = $2) p ON true
+"""
+
+
+async def stream_head(db: Database, stream_id: str) -> StreamHead:
+    """The stream's last event (log cursor, version) and the projection's committed position, in one round trip:
+    the projection may be further than this replica's projector knows (another replica projected it)."""
     async with db_errors(), db.pool.acquire() as conn:
-        row = await conn.fetchrow(
-            "SELECT tx::text::bigint AS tx, position FROM persistence.events WHERE stream_id = $1 "
-            "ORDER BY version DESC LIMIT 1", stream_id)
-    return (row["tx"], row["position"]) if row is not None else (0, 0)
+        row = await conn.fetchrow(_STREAM_HEAD, stream_id, PROJECTION)
+    return StreamHead((row["tx"] or 0, row["position"] or 0), row["version"] or 0,
+                      (row["projected_tx"] or 0, row["projected_position"] or 0))
 
 
 # One page of the path, walked from the anchor towards the root over the primary key (one index lookup per

@@ -1,7 +1,8 @@
 """``ctx.persist.history``: one page of a conversation's path root → anchor, read from the projection
 (read-your-writes: it waits, bounded, for the projection to reach the conversation's last event) or folded from
-the events when the projection is behind, failing or disabled; message parts stored by content reference are read
-back from the blob store."""
+the events when the projection is behind, failing or disabled — at once, without waiting, when the conversation is
+short (``history_fold_max_events``); message parts stored by content reference are read back from the blob
+store."""
 
 from __future__ import annotations
 
@@ -94,16 +95,21 @@ class History:
         projector, s = self.projector, self.settings
         if projector is None or not s.history_from_projection:
             return None
-        target = await stream_head(self.store.db, conversation_stream(cid))
-        # positions are not ordered along the log, but near enough in time to tell a catch-up from a short lag
-        near = target[1] - projector.position <= s.history_max_wait_lag
-        if target[1] and near and await projector.wait_for(target, s.history_projection_wait_s):
-            reply = await read_history(self.store.db, cid, anchor, target, with_branches, window, self._resolve(cid))
-            if reply is not None:
-                return reply
-        if target[1]:
-            log.warning("history-folded", conversation=cid, projection=projector.position, needed=target[1])
-        return None
+        head = await stream_head(self.store.db, conversation_stream(cid))
+        if not head.version:
+            return None  # no events: the fold says not-found
+        if max(projector.cursor, head.projected) < head.cursor:
+            if head.version <= s.history_fold_max_events:
+                return None  # a short stream folds for less than a projector round costs
+            # positions are not ordered along the log, but near enough in time to tell a catch-up from a short lag
+            near = head.cursor[1] - projector.position <= s.history_max_wait_lag
+            if not (near and await projector.wait_for(head.cursor, s.history_projection_wait_s)):
+                log.warning("history-folded", conversation=cid, projection=projector.position, needed=head.cursor[1])
+                return None
+        reply = await read_history(self.store.db, cid, anchor, head.cursor, with_branches, window, self._resolve(cid))
+        if reply is None:
+            log.warning("history-folded", conversation=cid, projection=projector.position, needed=head.cursor[1])
+        return reply
 
     async def _folded(self, cid: str, anchor: str | None, with_branches: bool, window: PathWindow) -> dict[str, Any]:
         conv = fold(cid, await self.store.stream_events(conversation_stream(cid)))
