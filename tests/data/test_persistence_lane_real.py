@@ -18,7 +18,13 @@ import asyncpg
 import pytest
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_codec import envelopes
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
+from ctxbuild_persistence.adapters.projection import Projector
+from ctxbuild_persistence.app import History
+from ctxbuild_persistence.settings import Settings
 
+from tests.support.persistence import event_store
 from tests.support.realdata import REAL_DATA_SERVICES, services_fixture
 
 pytestmark = REAL_DATA_SERVICES
@@ -43,6 +49,17 @@ async def projected(stack, cid: str, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.05)
     finally:
         await conn.close()
+
+
+async def projection_history(stack, cid: str) -> dict:
+    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
+    this short): persistence's History in this process on the stack's database, with a projector of its own that
+    never moves — call it once the projection has the conversation."""
+    async with event_store(stack) as store:
+        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
+                            history_fold_max_events=0)
+        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
+    return dump(reply)
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +131,12 @@ async def test_real_trajectory_through_the_persist_lane(services, rpc, stack, tr
     assert len(res["parts"]) == len(expected) > 0
     assert all(p["outcome"] == "persisted" and p["envelope"] == "v1" for p in res["parts"]), res["parts"]
 
-    await projected(stack, cid)  # the conversation may be short enough to be folded while the projector is behind
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
-    assert h["source"] == "projection" and len(h["messages"]) == len(before) + len(turn)
+    short = h["version"] <= Settings.model_fields["history_fold_max_events"].default  # the service's setting
+    assert h["source"] == ("fold" if short else "projection") and len(h["messages"]) == len(before) + len(turn)
+    await projected(stack, cid)
+    from_projection = await projection_history(stack, cid)  # what the service served, the projection holds too
+    assert from_projection["source"] == "projection" and {**from_projection, "source": h["source"]} == h
     assert h["lastUsage"]["usage"]["inputTokens"] > 0
     stored_tools = [m for m in h["messages"] if m["role"] == "tool"]
     client = BlobClient(rpc)

@@ -14,7 +14,14 @@ import uuid
 import asyncpg
 import pytest
 from ctxbuild_codec import envelopes
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
+from ctxbuild_persistence.adapters.projection import Projector
+from ctxbuild_persistence.app import History
+from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError
+
+from tests.support.persistence import event_store
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +52,17 @@ async def projected(stack, cid: str, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.05)
     finally:
         await conn.close()
+
+
+async def projection_history(stack, cid: str) -> dict:
+    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
+    this short): persistence's History in this process on the stack's database, with a projector of its own that
+    never moves — call it once the projection has the conversation."""
+    async with event_store(stack) as store:
+        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
+                            history_fold_max_events=0)
+        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
+    return dump(reply)
 
 
 def result(call: str, tool: str, output: dict, **extra) -> dict:
@@ -119,9 +137,11 @@ async def test_oversized_outputs_become_envelopes_readable_in_full(services, rpc
     assert [(p["toolCallId"], p["outcome"], p["envelope"]) for p in res["parts"]] == [
         ("k1", "persisted", "v1"), ("k2", "persisted", "v2"), ("k3", "persisted", "v2"), ("k4", "persisted", "v1")]
 
-    await projected(stack, cid)  # a conversation this short is folded while the projector is behind
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
-    assert h["source"] == "projection" and [m["id"] for m in h["messages"]] == ["u1"] + [m["id"] for m in messages]
+    assert h["source"] == "fold" and [m["id"] for m in h["messages"]] == ["u1"] + [m["id"] for m in messages]
+    await projected(stack, cid)
+    from_projection = await projection_history(stack, cid)  # what the service folds, the projection holds too
+    assert from_projection["source"] == "projection" and {**from_projection, "source": "fold"} == h
     stored = h["messages"][2]["parts"]
     assert [p["output"]["type"] for p in stored] == ["persisted"] * 4 + ["text"]
     assert stored[4] == messages[1]["parts"][4]

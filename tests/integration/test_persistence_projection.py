@@ -1,7 +1,7 @@
 """The conversation projection on the real service: history read from the projection equals the fold of the
-events, read-your-writes, branches, file references, the fallback when the projection is held back (a short
-conversation folded at once with the projection's content, a long one waiting for the projection), two projectors
-racing, and the rebuild command (rebuild == live)."""
+events, read-your-writes, branches, file references, the fallback when the projection is held back, a short
+conversation always folded (behind the projector or not) with the projection's content while a long one waits for
+the projection, two projectors racing, and the rebuild command (rebuild == live)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,23 @@ import time
 
 import asyncpg
 import pytest
+from ctxbuild_codec.contract_models import dump
 from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
-from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot
+from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot, stream_head
 from ctxbuild_persistence.app import History
 from ctxbuild_persistence.domain.conversation import history
 from ctxbuild_persistence.settings import Settings
-from ctxbuild_platform.errors import RemoteError
+from ctxbuild_platform.errors import RemoteError, ServiceError
 
-from tests.support.persistence import append, event, new_id, wait_until
+from tests.support.persistence import append, event, event_store, new_id, wait_until
 
 pytestmark = pytest.mark.integration
 
 SHA = "0f" * 32
-# the service's setting (the stack leaves it at its default): conversations up to this many events are folded at
-# once while the projection lacks their last event; longer ones wait for it
+# the service's setting (the stack leaves it at its default): conversations up to this many events are always
+# folded, the projection not read; longer ones are read from the projection, waiting for it
 FOLD_MAX = Settings.model_fields["history_fold_max_events"].default
 
 
@@ -45,6 +46,18 @@ def msg(id_: str, role: str = "user", text: str | None = None, **extra) -> dict:
 def filler(count: int) -> list[dict]:
     """``count`` UserMessageAdded events p0…: a conversation longer than FOLD_MAX is read from the projection."""
     return [event("UserMessageAdded", {"message": msg(f"p{i}")}) for i in range(count)]
+
+
+async def projection_history(stack, cid: str, **request) -> dict:
+    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
+    this short): persistence's History in this process on the stack's database, with a projector of its own that
+    never moves — call it once the projection has the conversation."""
+    async with event_store(stack) as store:
+        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
+                            history_fold_max_events=0)
+        reply = await History(store, settings, Projector(store.db)).read(
+            PersistHistoryRequest(conversationId=cid, **request))
+    return dump(reply)
 
 
 async def folded(rpc, cid: str, anchor: str | None = None) -> dict:
@@ -121,8 +134,8 @@ async def build_tree(rpc, cid: str) -> None:
 async def test_history_from_the_projection_equals_the_fold(persistence, rpc, stack):
     cid = new_id()
     await build_tree(rpc, cid)
-    await caught_up(stack.env["CTX_DATABASE_URL"])  # a short conversation: served by the projection once it has it
-    h = await rpc.call("ctx.persist.history", {"conversationId": cid, "includeBranches": True})
+    await caught_up(stack.env["CTX_DATABASE_URL"])
+    h = await projection_history(stack, cid, includeBranches=True)  # the service folds a conversation this short
     assert [m["id"] for m in h["messages"]] == ["u1", "a1", "t1", "a2", "u2"]
     assert h["branches"] == {"a2": ["a2", "a2b"]}
     assert h["lastUsage"] == {"messageId": "a2", "usage": {"inputTokens": 120, "outputTokens": 7}}
@@ -135,9 +148,8 @@ async def test_history_from_the_projection_equals_the_fold(persistence, rpc, sta
     assert list(h["messages"][3]) == ["id", "role", "parts", "usage", "parentId", "turnId"]
 
     for anchor in ("a2b", "t1", "u1"):
-        same(await rpc.call("ctx.persist.history", {"conversationId": cid, "anchorId": anchor}),
-             await folded(rpc, cid, anchor))
-    b = await rpc.call("ctx.persist.history", {"conversationId": cid, "anchorId": "a2b", "includeBranches": True})
+        same(await projection_history(stack, cid, anchorId=anchor), await folded(rpc, cid, anchor))
+    b = await projection_history(stack, cid, anchorId="a2b", includeBranches=True)
     assert [m["id"] for m in b["messages"]] == ["u1", "a1", "t1", "a2b"] and b["branches"] == {"a2b": ["a2", "a2b"]}
     assert b["lastUsage"]["messageId"] == "a2b" and b["summaries"] == []
 
@@ -158,6 +170,9 @@ async def test_history_from_the_projection_equals_the_fold(persistence, rpc, sta
         with pytest.raises(RemoteError) as exc:
             await rpc.call("ctx.persist.history", payload)
         assert exc.value.code == "not-found"
+    with pytest.raises(ServiceError) as exc:  # the projection's own not-found
+        await projection_history(stack, cid, anchorId="nope")
+    assert exc.value.code == "not-found"
 
 
 async def test_read_your_writes(persistence, rpc):
@@ -214,10 +229,11 @@ SHORT_READS = [{}, {"includeBranches": True}, {"anchorId": "a2b", "includeBranch
                {"anchorId": "u2", "maxMessages": 2}]
 
 
-async def test_a_short_conversation_behind_the_projector_is_folded_at_once_with_its_content(
+async def test_a_short_conversation_is_folded_behind_the_projector_or_not_with_the_projections_content(
         persistence, rpc, stack):
-    """Up to FOLD_MAX events, a history read while the projection lacks the conversation's last event is folded
-    at once (no wait for the projector) — and is the very reply the projection gives once it has caught up."""
+    """Up to FOLD_MAX events, history is folded: at once while the projection lacks the conversation's last event
+    (no wait for the projector), and still once the projection has it (the projection is not read) — the very reply
+    the projection gives, for every kind of page."""
     url = stack.env["CTX_DATABASE_URL"]
     cid = new_id()
     await caught_up(url)
@@ -244,7 +260,9 @@ async def test_a_short_conversation_behind_the_projector_is_folded_at_once_with_
         ("summary", False), ("clear", None), ("page", None)]
     await caught_up(url)
     for read, fold in zip(SHORT_READS, folds, strict=True):
-        projected = await rpc.call("ctx.persist.history", {"conversationId": cid, **read})
+        again = await rpc.call("ctx.persist.history", {"conversationId": cid, **read})
+        assert again == fold, read  # the projection has it now, and the service still folds
+        projected = await projection_history(stack, cid, **read)
         assert projected["source"] == "projection", read
         assert {**projected, "source": "-"} == {**fold, "source": "-"}, read
 
@@ -253,8 +271,8 @@ async def test_behind_the_projector_a_short_conversation_is_folded_at_once_a_lon
         persistence, rpc, stack):
     """While the projection lacks a conversation's last event, a history read of a short one (≤ FOLD_MAX events)
     is folded without waiting for the projector; past FOLD_MAX it waits for the projector, then serves the
-    projection. History runs in this process on the stack's database, with a projector of its own that only this
-    test moves (its waiting readers are visible)."""
+    projection. Once the projection has the short one too, it is still folded. History runs in this process on the
+    stack's database, with a projector of its own that only this test moves (its waiting readers are visible)."""
     url = stack.env["CTX_DATABASE_URL"]
     db = Database(url, min_size=1, max_size=4)
     await db.connect()
@@ -302,6 +320,11 @@ async def test_behind_the_projector_a_short_conversation_is_folded_at_once_a_lon
         reply = long.result()
         assert reply.source == "projection" and reply.version == FOLD_MAX + 1
         assert [m["id"] for m in reply.messages] == [f"p{i}" for i in range(FOLD_MAX)] + ["u-last"]
+        head = await stream_head(db, f"conversation:{short_cid}")
+        assert max(projector.cursor, head.projected) >= head.cursor  # appended before u-last: projected too
+        again = await read(short_cid)
+        assert again.done() and projector.readers_waiting == 0
+        assert again.result().source == "fold" and again.result().messages == short.result().messages
     finally:
         for task in reads:
             task.cancel()
@@ -344,7 +367,7 @@ async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, st
             assert len(capped) == 1 and capped[0].data is not None  # one event at least, then the byte cap
             assert len(await read_events(conn, first, 100, max_bytes=10_000)) > 1
         for cid in cids:
-            h = await rpc.call("ctx.persist.history", {"conversationId": cid})
+            h = await projection_history(stack, cid)  # the service folds a conversation of 15 events
             same(h, await folded(rpc, cid))
             assert len(h["messages"]) == written
     finally:

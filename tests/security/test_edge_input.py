@@ -14,11 +14,16 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
+from ctxbuild_codec.contract_models import dump
+from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
+from ctxbuild_persistence.adapters.projection import Projector
+from ctxbuild_persistence.app import History
+from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError
 from security_support import start_all, stream_version
 
 from tests.support.auth import AUTH
-from tests.support.persistence import append, event
+from tests.support.persistence import append, event, event_store
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -377,6 +382,17 @@ async def projection_at(pg, position: int) -> None:
     raise AssertionError(f"the projection never reached position {position}")
 
 
+async def projection_history(stack, cid: str) -> dict:
+    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
+    this short): persistence's History in this process on the stack's database, with a projector of its own that
+    never moves — call it once the projection has the conversation."""
+    async with event_store(stack) as store:
+        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
+                            history_fold_max_events=0)
+        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
+    return dump(reply)
+
+
 WEDGING = {
     "nul-title": ("ConversationCreated", r'{"conversationId":"x","title":"a\u0000b"}', "NUL"),
     "surrogate-title": ("ConversationCreated", r'{"conversationId":"x","title":"a\ud800b"}', "surrogate"),
@@ -394,8 +410,8 @@ async def test_an_event_the_projection_cannot_apply_is_parked_and_the_rest_goes_
     cid = (await http.post("/v1/conversations", json={"title": "a neighbour"}, timeout=30)).json()["id"]
     neighbour = await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
         "id": "msg_n1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}})])
-    await projection_at(pg, neighbour["positions"][-1])  # else a conversation this short is folded
-    hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
+    await projection_at(pg, neighbour["positions"][-1])
+    hist = await projection_history(stack, cid)  # the service folds a conversation this short
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == "hello"
     await projection_at(pg, position)
     parked = await pg.fetchrow("SELECT stream_id, type, reason FROM persistence.parked_events WHERE position = $1",
@@ -409,24 +425,27 @@ async def test_an_event_the_projection_cannot_apply_is_parked_and_the_rest_goes_
     assert status["parkedEvents"] >= 1 and status["position"] >= position
 
 
-async def test_the_parked_conversation_itself_is_folded_from_its_events(base, rpc, pg):
+async def test_the_parked_conversation_itself_is_folded_from_its_events(base, rpc, pg, stack):
     bad_cid = f"conv_{uuid.uuid4().hex[:20]}"
     position = await insert_behind_the_service(pg, f"conversation:{bad_cid}", "ConversationCreated",
                                                r'{"conversationId":"x","title":"a\u0000b"}')
     await projection_at(pg, position)
     hist = await rpc.call("ctx.persist.history", {"conversationId": bad_cid})
     assert hist["source"] == "fold" and hist["title"] == "a\x00b"
+    # folded for being short too: a replica that reads the projection of any conversation folds it for the parked
+    # event (the projection is past it)
+    assert await projection_history(stack, bad_cid) == hist
 
 
-async def test_a_nul_inside_a_message_body_is_projected_not_parked(http, rpc, pg):
+async def test_a_nul_inside_a_message_body_is_projected_not_parked(http, rpc, pg, stack):
     """JSON columns keep a NUL as \\u0000: a message whose text holds one is stored, projected and read back
     byte for byte (it used to fail the messages row's generated columns, migration 0004)."""
     cid = (await http.post("/v1/conversations", json={"title": "binary-ish"}, timeout=30)).json()["id"]
     text = "before\x00after"
     result = await append(rpc, f"conversation:{cid}", [event("UserMessageAdded", {"message": {
         "id": "msg_nul", "role": "user", "parts": [{"type": "text", "text": text}]}})])
-    await projection_at(pg, result["positions"][-1])  # else a conversation this short is folded
-    hist = await rpc.call("ctx.persist.history", {"conversationId": cid})
+    await projection_at(pg, result["positions"][-1])
+    hist = await projection_history(stack, cid)  # the service folds a conversation this short
     assert hist["source"] == "projection" and hist["messages"][0]["parts"][0]["text"] == text
     assert await pg.fetchval("SELECT count(*) FROM persistence.parked_events WHERE position = $1",
                              result["positions"][0]) == 0

@@ -44,13 +44,14 @@ class Settings(ServiceSettings):
         2.0, ge=0, description="read-your-writes: how long history waits for the projection to reach the "
                                "conversation's last event before folding the events instead")
     history_fold_max_events: int = Field(
-        32, ge=0, description="history of a conversation whose stream has at most this many events, read while the "
-                              "projection lacks its last event: folded from the events at once instead of waiting "
-                              "for the projector (0: always wait). A fold reads the whole stream in one statement and "
-                              "grows with its bytes; waiting adds a projector round (its commit included) to the "
-                              "projection's read, a transaction of several statements. Measured right after an "
-                              "append: the fold is the cheaper answer up to about twice this length with events of "
-                              "25 KB on average, and further with the usual few-KB events")
+        32, ge=0, description="history of a conversation whose stream has at most this many events is always "
+                              "folded from the events, the projection not read, whether it has the last event or not "
+                              "(0: never; longer ones read the projection, waiting for it). A fold reads the whole "
+                              "stream in one statement and grows with its bytes; the projection's read is a "
+                              "transaction of several statements, and waiting for it adds a projector round (its "
+                              "commit included). Measured right after an append: the fold is the cheaper answer up "
+                              "to about twice this length with events of 25 KB on average, and further with the "
+                              "usual few-KB events")
     history_max_wait_lag: int = Field(
         10_000, ge=0, description="read-your-writes: a projection further behind than this many positions (a "
                                   "catch-up after a deploy or a rebuild) is not waited for: history folds at once")

@@ -13,7 +13,8 @@ last event (with the stream's version and the projection's committed position, o
 ``history_projection_wait_s``) until the projection is at or past it — waking the projector — and reads the rows
 in one snapshot together with the tracking position. A projection still behind after the wait (or failing) is
 bypassed: the reply is folded from the events (``source: "fold"``), never stale. A short conversation
-(``history_fold_max_events``) is folded at once instead of waiting: its fold costs less than a projector round.
+(``history_fold_max_events``) is always folded, the projection not read: its fold is one statement, the
+projection's read a transaction of several.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""``ctx.persist.history``: one page of a conversation's path root → anchor, read from the projection
-(read-your-writes: it waits, bounded, for the projection to reach the conversation's last event) or folded from
-the events when the projection is behind, failing or disabled — at once, without waiting, when the conversation is
-short (``history_fold_max_events``); message parts stored by content reference are read back from the blob
-store."""
+"""``ctx.persist.history``: one page of a conversation's path root → anchor, folded from the events when the
+conversation is short (``history_fold_max_events``: one statement, where the projection's read is a transaction of
+several), else read from the projection (read-your-writes: it waits, bounded, for the projection to reach the
+conversation's last event) or folded when the projection is behind, failing or disabled; message parts stored by
+content reference are read back from the blob store."""
 
 from __future__ import annotations
 
@@ -98,9 +98,9 @@ class History:
         head = await stream_head(self.store.db, conversation_stream(cid))
         if not head.version:
             return None  # no events: the fold says not-found
+        if head.version <= s.history_fold_max_events:
+            return None  # a short stream folds in one statement, for less than the projection's read transaction
         if max(projector.cursor, head.projected) < head.cursor:
-            if head.version <= s.history_fold_max_events:
-                return None  # a short stream folds for less than a projector round costs
             # positions are not ordered along the log, but near enough in time to tell a catch-up from a short lag
             near = head.cursor[1] - projector.position <= s.history_max_wait_lag
             if not (near and await projector.wait_for(head.cursor, s.history_projection_wait_s)):
