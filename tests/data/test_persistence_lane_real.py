@@ -8,23 +8,17 @@ from its blobs — through ``ctx.blob.fs_read`` paging (what the model uses) and
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
 import uuid
 
 import asyncpg
 import pytest
 from ctxbuild_blobclient import BlobClient
 from ctxbuild_codec import envelopes
-from ctxbuild_codec.contract_models import dump
-from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
-from ctxbuild_persistence.adapters.projection import Projector
-from ctxbuild_persistence.app import History
 from ctxbuild_persistence.settings import Settings
 
-from tests.support.persistence import event_store
+from tests.support.persistence import projected, projection_history
 from tests.support.realdata import REAL_DATA_SERVICES, services_fixture
 
 pytestmark = REAL_DATA_SERVICES
@@ -35,31 +29,6 @@ TRAJECTORY = "trajectories/03_miniswe_deepseek-chat_sqlfluff-1733.traj.json"
 services = services_fixture("blobstore", "persistence")
 
 
-async def projected(stack, cid: str, timeout: float = 60.0) -> None:
-    """Until the projection has the conversation's last event (the log's order is (tx, position))."""
-    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    try:
-        deadline = time.monotonic() + timeout
-        while not await conn.fetchval(
-                "SELECT (c.tx, c.position) >= (e.tx, e.position) FROM persistence.projection_tracking t "
-                "JOIN persistence.events c ON c.position = t.position, (SELECT tx, position FROM persistence.events "
-                "WHERE stream_id = $1 ORDER BY version DESC LIMIT 1) e WHERE t.name = 'conversation'",
-                f"conversation:{cid}"):
-            assert time.monotonic() < deadline, f"the projection never reached conversation {cid}"
-            await asyncio.sleep(0.05)
-    finally:
-        await conn.close()
-
-
-async def projection_history(stack, cid: str) -> dict:
-    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
-    this short): persistence's History in this process on the stack's database, with a projector of its own that
-    never moves — call it once the projection has the conversation."""
-    async with event_store(stack) as store:
-        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
-                            history_fold_max_events=0)
-        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
-    return dump(reply)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +103,7 @@ async def test_real_trajectory_through_the_persist_lane(services, rpc, stack, tr
     h = await rpc.call("ctx.persist.history", {"conversationId": cid})
     short = h["version"] <= Settings.model_fields["history_fold_max_events"].default  # the service's setting
     assert h["source"] == ("fold" if short else "projection") and len(h["messages"]) == len(before) + len(turn)
-    await projected(stack, cid)
+    await projected(stack, cid, timeout=60.0)
     from_projection = await projection_history(stack, cid)  # what the service served, the projection holds too
     assert from_projection["source"] == "projection" and {**from_projection, "source": h["source"]} == h
     assert h["lastUsage"]["usage"]["inputTokens"] > 0

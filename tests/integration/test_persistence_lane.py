@@ -5,23 +5,16 @@ finding #3 (read-tool echoes stored trimmed)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
 import uuid
 
 import asyncpg
 import pytest
 from ctxbuild_codec import envelopes
-from ctxbuild_codec.contract_models import dump
-from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
-from ctxbuild_persistence.adapters.projection import Projector
-from ctxbuild_persistence.app import History
-from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError
 
-from tests.support.persistence import event_store
+from tests.support.persistence import projected, projection_history
 
 pytestmark = pytest.mark.integration
 
@@ -38,31 +31,6 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-async def projected(stack, cid: str, timeout: float = 30.0) -> None:
-    """Until the projection has the conversation's last event (the log's order is (tx, position))."""
-    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
-    try:
-        deadline = time.monotonic() + timeout
-        while not await conn.fetchval(
-                "SELECT (c.tx, c.position) >= (e.tx, e.position) FROM persistence.projection_tracking t "
-                "JOIN persistence.events c ON c.position = t.position, (SELECT tx, position FROM persistence.events "
-                "WHERE stream_id = $1 ORDER BY version DESC LIMIT 1) e WHERE t.name = 'conversation'",
-                f"conversation:{cid}"):
-            assert time.monotonic() < deadline, f"the projection never reached conversation {cid}"
-            await asyncio.sleep(0.05)
-    finally:
-        await conn.close()
-
-
-async def projection_history(stack, cid: str) -> dict:
-    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
-    this short): persistence's History in this process on the stack's database, with a projector of its own that
-    never moves — call it once the projection has the conversation."""
-    async with event_store(stack) as store:
-        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
-                            history_fold_max_events=0)
-        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
-    return dump(reply)
 
 
 def result(call: str, tool: str, output: dict, **extra) -> dict:

@@ -14,7 +14,6 @@ import time
 
 import asyncpg
 import pytest
-from ctxbuild_codec.contract_models import dump
 from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
@@ -24,7 +23,7 @@ from ctxbuild_persistence.domain.conversation import history
 from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError, ServiceError
 
-from tests.support.persistence import append, event, event_store, new_id, wait_until
+from tests.support.persistence import append, event, new_id, projection_history, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -47,17 +46,6 @@ def filler(count: int) -> list[dict]:
     """``count`` UserMessageAdded events p0…: a conversation longer than FOLD_MAX is read from the projection."""
     return [event("UserMessageAdded", {"message": msg(f"p{i}")}) for i in range(count)]
 
-
-async def projection_history(stack, cid: str, **request) -> dict:
-    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
-    this short): persistence's History in this process on the stack's database, with a projector of its own that
-    never moves — call it once the projection has the conversation."""
-    async with event_store(stack) as store:
-        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
-                            history_fold_max_events=0)
-        reply = await History(store, settings, Projector(store.db)).read(
-            PersistHistoryRequest(conversationId=cid, **request))
-    return dump(reply)
 
 
 async def folded(rpc, cid: str, anchor: str | None = None) -> dict:

@@ -14,16 +14,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import pytest_asyncio
-from ctxbuild_codec.contract_models import dump
-from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
-from ctxbuild_persistence.adapters.projection import Projector
-from ctxbuild_persistence.app import History
-from ctxbuild_persistence.settings import Settings
 from ctxbuild_platform.errors import RemoteError
 from security_support import start_all, stream_version
 
 from tests.support.auth import AUTH
-from tests.support.persistence import append, event, event_store
+from tests.support.persistence import append, event, projection_history
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -381,16 +376,6 @@ async def projection_at(pg, position: int) -> None:
         await asyncio.sleep(0.05)
     raise AssertionError(f"the projection never reached position {position}")
 
-
-async def projection_history(stack, cid: str) -> dict:
-    """``ctx.persist.history`` as a replica that never folds a short conversation answers it (the service folds one
-    this short): persistence's History in this process on the stack's database, with a projector of its own that
-    never moves — call it once the projection has the conversation."""
-    async with event_store(stack) as store:
-        settings = Settings(database_url=stack.env["CTX_DATABASE_URL"], nats_url=stack.env["CTX_NATS_URL"],
-                            history_fold_max_events=0)
-        reply = await History(store, settings, Projector(store.db)).read(PersistHistoryRequest(conversationId=cid))
-    return dump(reply)
 
 
 WEDGING = {
