@@ -70,27 +70,30 @@ class Servers:
         await broker.start()
         await start_servers(broker)
         self.brokers.append(broker)
-        await self.listed(broker)
+        await self.listed(broker.connection.client_id, present=True)
         return broker
 
-    async def listed(self, broker: NatsBroker, timeout: float = 10.0) -> None:
-        """Until the NATS server lists the new server's queue subscription (its monitoring endpoint): a request
-        sent before that finds no responders. ``start_servers`` flushes after subscribing, which should be enough;
-        a CI run once still saw no responders right after it, so the tests wait for the server's own word."""
-        cid = broker.connection.client_id
+    async def listed(self, cid: int, *, present: bool, timeout: float = 10.0) -> None:
+        """Until the NATS server lists (or no longer lists) connection ``cid``'s queue subscription of SUBJECT, by
+        its monitoring endpoint. ``start_servers`` flushes after subscribing, which should be enough, yet a CI run
+        once saw no responders right after it — maybe a closed server of an earlier test still listed and picked —
+        so the tests wait for the server's own word both ways."""
         deadline = asyncio.get_running_loop().time() + timeout
         async with httpx.AsyncClient(base_url=self.monitor, timeout=5) as http:
             while True:
                 subs = (await http.get("/subsz", params={"subs": 1, "test": SUBJECT})).json()
-                if any(s.get("cid") == cid and s.get("qgroup") == "lean-test"
-                       for s in subs.get("subscriptions_list") or []):
+                if present == any(s.get("cid") == cid and s.get("qgroup") == "lean-test"
+                                  for s in subs.get("subscriptions_list") or []):
                     return
-                assert asyncio.get_running_loop().time() < deadline, f"the NATS server never listed {SUBJECT}"
+                assert asyncio.get_running_loop().time() < deadline, \
+                    f"the NATS server still {'does not list' if present else 'lists'} connection {cid} on {SUBJECT}"
                 await asyncio.sleep(0.02)
 
     async def stop(self, broker: NatsBroker) -> None:
+        cid = broker.connection.client_id
         await stop_servers(broker, self.graceful_timeout)
         await broker.stop()
+        await self.listed(cid, present=False)  # gone at the server too, before another test sends requests
 
     async def close(self) -> None:
         for broker in self.brokers:
