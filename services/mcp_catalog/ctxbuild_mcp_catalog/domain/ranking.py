@@ -109,7 +109,12 @@ def lexical_document(tool: Mapping[str, Any]) -> list[str]:
 def semantic_text(tool: Mapping[str, Any]) -> str:
     """What a tool's vector is computed from: namespace and name as words, then the start of its description."""
     desc = " ".join((tool.get("description") or "").split())[:SEMANTIC_DESCRIPTION_CHARS]
-    return f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}. {desc}".strip()
+    return f"{_heading(tool)} {desc}".strip()
+
+
+def _heading(tool: Mapping[str, Any]) -> str:
+    """Namespace and name as words, ending the sentence the description continues."""
+    return f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}."
 
 
 def _first_sentence(description: str) -> str:
@@ -123,9 +128,8 @@ def semantic_views(tool: Mapping[str, Any]) -> tuple[str, ...]:
     base = semantic_text(tool)
     names = ", ".join(dict.fromkeys(" ".join(words(p)) for p, _ in parameters(tool.get("inputSchema"))))
     desc = " ".join((tool.get("description") or "").split())
-    head = f"{' '.join(words(tool.get('namespace', '')))} {' '.join(words(tool['name']))}."
     return (base, f"{base} Parameters: {names}." if names else base,
-            f"{head} {_first_sentence(desc[:SEMANTIC_FIRST_SENTENCE_CHARS * 5])}".strip())
+            f"{_heading(tool)} {_first_sentence(desc[:SEMANTIC_FIRST_SENTENCE_CHARS * 5])}".strip())
 
 
 def semantic_texts(tools: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -298,7 +298,7 @@ class Edge:
         at = datetime.fromisoformat(event["recordedAt"])
         return (datetime.now(UTC) - at).total_seconds() >= self.admission_grace_s
 
-    async def still_running(self, conversation_id: str, admitted: Mapping[str, Any]) -> bool:
+    async def still_running(self, admitted: Mapping[str, Any]) -> bool:
         """Has the turn of an admission not ended yet? (No event yet: being queued right now, unless abandoned.)
         A turn this replica saw end is not read. A turn left at its command is submitted again
         (:meth:`resubmit_if_stranded`): it holds the conversation until it has run."""
@@ -308,10 +308,10 @@ class Edge:
         _, latest = await self.stream_tail(f"turn:{turn_id}")
         if latest is None:
             return not self._older_than_grace(admitted)
-        await self.resubmit_if_stranded(conversation_id, turn_id, latest)
+        await self.resubmit_if_stranded(turn_id, latest)
         return latest["type"] not in TERMINAL
 
-    async def resubmit_if_stranded(self, conversation_id: str, turn_id: str, latest: Mapping[str, Any]) -> None:
+    async def resubmit_if_stranded(self, turn_id: str, latest: Mapping[str, Any]) -> None:
         """A turn whose only event is its command (TurnQueued, version 1), recorded longer than the admission grace
         ago, may never have reached the work queue: the edge that recorded it died, or lost its connection, between
         the commit and the submit. Submit it again. Harmless when it did arrive: the queue drops a duplicate within
@@ -320,8 +320,7 @@ class Edge:
         if latest["type"] != "TurnQueued" or latest["version"] != 1 or not self._older_than_grace(latest):
             return
         data = latest["data"]
-        if data.get("conversationId") != conversation_id:
-            return
+        conversation_id = data["conversationId"]
         try:
             await self.queue.submit(turn_id, conversation_id, data)
             log.warning("stranded-turn-resubmitted", turn_id=turn_id, conversation_id=conversation_id,
@@ -363,7 +362,7 @@ class Edge:
                 if not lost(exc):
                     raise
         version, previous = (0, None) if fresh else await self.stream_tail(stream)
-        if previous is not None and await self.still_running(conversation_id, previous):
+        if previous is not None and await self.still_running(previous):
             raise turn_in_progress(conversation_id, previous["data"]["turnId"])
         try:
             await write(version)
@@ -384,7 +383,7 @@ class Edge:
             _, latest = await self.stream_tail(f"turn:{t}")
             if latest is None:
                 return True
-            await self.resubmit_if_stranded((latest.get("data") or {}).get("conversationId"), t, latest)
+            await self.resubmit_if_stranded(t, latest)
             return latest["type"] not in TERMINAL
 
         await self.auth.admit_turn(who, turn_id, running)

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field
 
 class PersistHistoryRequest(ContractModel):
     """
-    One page of the messages a turn serves: the path from the root to anchorId (default: the conversation's last message) of stream conversation:<conversationId>, walked back from the anchor while whole messages fit maxBytes (the anchor always). A page cut by the budget says `more` and `nextAnchorId`: ask again with that anchor for the older part (prepend it). Read from the conversation projection once it has reached the stream's last event (read-your-writes, bounded wait), else folded from the events. Message parts stored by content reference are returned resolved. Unknown conversation or anchor → not-found.
+    One page of the messages a turn serves: the path from the root to anchorId (default: the conversation's last message) of stream conversation:<conversationId>, walked back from the anchor while whole messages fit maxBytes (the anchor always). A page cut by the budget says `more` and `nextAnchorId`: ask again with that anchor for the older part (prepend it). Folded from the events when the conversation is short (the service's CTX_HISTORY_FOLD_MAX_EVENTS), else read from the conversation projection once it has reached the stream's last event (read-your-writes, bounded wait), or folded when the projection stays behind. Message parts stored by content reference are returned resolved. Unknown conversation or anchor → not-found.
     """
 
     model_config = ConfigDict(
