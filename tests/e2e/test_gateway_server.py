@@ -84,6 +84,19 @@ async def events_of(stack, *streams: str) -> list[dict]:
     return [dict(r) for r in rows]
 
 
+async def prefix_records(stack, cid: str) -> list[dict]:
+    """The conversation's GatewayPrefixRecorded events (index — a request's messages only —, message, writing
+    transaction), in log order."""
+    conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
+    try:
+        rows = await conn.fetch("SELECT (data->>'index')::int AS index, data->>'messageId' AS message_id, "
+                                "tx::text AS tx FROM persistence.events WHERE type = 'GatewayPrefixRecorded' "
+                                "AND data->>'conversationId' = $1 ORDER BY position", cid)
+    finally:
+        await conn.close()
+    return [dict(r) for r in rows]
+
+
 def sse_data(raw: str) -> list[str]:
     return [line[len("data: "):] for line in raw.splitlines() if line.startswith("data: ")]
 
@@ -473,6 +486,35 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
     second = [(r["stream_id"], r["type"]) for r in rows if r["tx"] == queued2["tx"]]
     assert second == [(f"conversation-turns:{cid}", "TurnAdmitted"), (f"conversation:{cid}", "UserMessageAdded"),
                       (f"turn:{tid2}", "TurnQueued")]
+    # a request's new messages are findable by their prefix from the commit that stores them, never before
+    records = await prefix_records(stack, cid)
+    asked = {r["index"]: r["tx"] for r in records if r["index"] is not None}  # the edge's, for the questions
+    assert asked == {1: rows[0]["tx"], 3: queued2["tx"]}
+    answered = [r["tx"] for r in records if r["index"] is None]  # the runner's, for the two gateway answers
+    assert len(answered) == 2 and not set(answered) & set(asked.values())
+
+
+async def test_concurrent_identical_new_requests_each_get_an_answer(gw, fake_openai, stack):
+    """Identical requests sent at once on a new conversation race for its prefix record (first writer wins). A
+    request that loses the race after its lookup is not refused: it runs in a conversation of its own, as it would
+    have without the race; one that looks up after the winner's commit continues the winner's conversation, as a
+    retry does (busy while the winner's turn runs). Nothing half-stored either way, one record per prefix."""
+    text = "race: the same first message"
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": "raced"}
+        replies = await asyncio.gather(*(http.post("/v1/chat/completions", json=chat(user(text)))
+                                         for _ in range(6)))
+        answered = [r for r in replies if r.status_code == 200]
+        assert answered and all(r.status_code in (200, 409) for r in replies), [r.text for r in replies]
+        for r in replies:
+            if r.status_code == 409:
+                assert r.json()["error"]["code"] == "conversation_busy"
+        conversations = {r.headers["x-ctx-conversation-id"] for r in answered}
+        for cid in conversations:
+            path = await path_of(http, cid)
+            assert [m["role"] for m in path][:1] == ["user"] and text in json.dumps(path[0])
+    owners = [rec for cid in conversations for rec in await prefix_records(stack, cid) if rec["index"] == 1]
+    assert len(owners) == 1  # one conversation owns the prefix; the others hold their messages without it
 
 
 async def test_large_messages_are_stored_by_reference_new_or_continued(gw, fake_openai, stack):

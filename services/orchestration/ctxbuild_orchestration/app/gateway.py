@@ -10,8 +10,9 @@
 2. The turn is admitted (one running turn per conversation, the key's running-turn limit) and queued like any
    other, the client's tools, tool choice and system prompt in its command (TurnQueued); the runner offers the
    client's tools beside ctxbuild's own and ends the turn when the model calls one of them. The admission, a new
-   conversation's creation, the new messages and the command are ONE commit (``ctx.persist.append_batch``): a
-   refused admission (409) stores none of them. Then the command is submitted to the work queue.
+   conversation's creation, the new messages, their prefix records and the command are ONE commit
+   (``ctx.persist.append_batch``): a refused admission (409) stores none of them, and a message is never findable
+   by its prefix before it is stored. Then the command is submitted to the work queue.
 3. New messages with client tool results are stored through the persist lane instead (one call, idempotent by
    the turn; after the admission, before the submit), the results trimmed by the in-flight lane first
    (``ctx.truncate.step``, offloads owned by the turn until the lane promotes them to the message), so every later
@@ -57,6 +58,7 @@ from .runner import new_id
 log = structlog.get_logger("gateway")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # the API's path id pattern (routers/common.py)
 ENDED_KEPT = 10_000  # conversations whose last turn's end this replica remembers (admission without reads)
+BATCH_MAX_GROUPS = 64  # streams one ctx.persist.append_batch may name
 BACKSTOP_S = 2.0  # a lost end notice (core NATS) costs at most this long: then the turn's stream is read
 
 
@@ -158,8 +160,7 @@ class Gateway:
     async def _record(self, digest: str, conversation_id: str, message_id: str, index: int) -> None:
         """First writer wins: the same prefix recorded twice (a retried request) keeps the first."""
         try:
-            await self.backends.append(PREFIX_STREAM + digest, [new_event("GatewayPrefixRecorded", {
-                "conversationId": conversation_id, "messageId": message_id, "index": index})], expected=0)
+            await self.backends.append(*prefix_group(digest, conversation_id, message_id, index))
         except RemoteError as exc:
             if exc.code != "version-conflict":
                 raise
@@ -212,7 +213,22 @@ class Gateway:
         return cs
 
     async def start(self, who: Principal, req: GatewayRequest) -> Started:
+        """Admit and queue the request's turn. The new messages' prefix records go in the admission's commit; when
+        a concurrent request recorded one of them first (nothing of this one was stored), the request is looked
+        up again and its records, if any are still new, are written beside the turn (first writer wins)."""
         t0 = time.perf_counter()
+        try:
+            return await self._start(who, req, t0)
+        except PrefixRace as race:
+            # the same identity as before the race (concurrent identical requests are not retries of each
+            # other: each gets its own turn, as without records in the commit)
+            log.info("gateway-prefix-race", model=req.model)
+            return await self._start(who, req, t0, found=race.found)
+
+    async def _start(self, who: Principal, req: GatewayRequest, t0: float,
+                     found: tuple[dict[str, Any] | None, int, dict[str, Any] | None] | None = None) -> Started:
+        """``found``: the identity a first attempt looked up (stored settings, k, record); its prefix records then
+        go beside the turn."""
         model = self.model(req.model, req.dialect)
         if not req.messages:
             raise DialectError(400, "invalid_request_error", "messages must hold at least one message", "messages")
@@ -224,11 +240,13 @@ class Gateway:
             raise DialectError(400, "invalid_request_error", "the conversation id is not one this server hands out "
                                "(conv_…)", "metadata.conversation_id")
         stored_settings = None
-        lookup = self.longest_prefix(hashes, req.messages, explicit)
-        if explicit:  # the caller's tenant only: another tenant's conversation reads as a missing one (404)
-            stored_settings, (k, rec) = await asyncio.gather(self.edge.conversation_settings(explicit, who), lookup)
+        if found is not None:
+            stored_settings, k, rec = found
+        elif explicit:  # the caller's tenant only: another tenant's conversation reads as a missing one (404)
+            stored_settings, (k, rec) = await asyncio.gather(self.edge.conversation_settings(explicit, who),
+                                                             self.longest_prefix(hashes, req.messages, explicit))
         else:
-            k, rec = await lookup
+            k, rec = await self.longest_prefix(hashes, req.messages, explicit)
         conversation_id = rec["conversationId"] if rec else explicit
         anchor = rec["messageId"] if rec else None
         created = conversation_id is None
@@ -262,6 +280,10 @@ class Gateway:
         # input that must be trimmed or stored by reference first is stored after a continuation's admission, so a
         # busy conversation (409) stores nothing; otherwise one commit holds it all
         early = not created and (lane or not all(inline(m) for m in stored))
+        records = [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]
+        # the prefix records in the commit of the messages they name (a lane's messages are stored after it, and
+        # an early admission commits apart from them: their records go beside the turn)
+        in_commit = found is None and not lane and not early and len(records) + 3 <= BATCH_MAX_GROUPS
         admitted = sent = False
         try:
             ended_at = None if created else self.ended.pop(conversation_id, None)
@@ -275,24 +297,31 @@ class Gateway:
             groups = [(f"turn:{turn_id}", [queued], 0)]
             if conversation:
                 groups.insert(0, (f"conversation:{conversation_id}", conversation, 0 if creation else None))
+            if in_commit:
+                groups += [prefix_group(*r) for r in records]
             sent = True
             if admitted:
                 await self.backends.append_streams(groups)
-            else:  # admission, creation, new messages and command: one commit, all or nothing
-                started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id, fresh=created,
-                                                              ended_at=ended_at, alongside=groups)
+            else:  # admission, creation, new messages, their prefixes and command: one commit, all or nothing
+                try:
+                    started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
+                                                                  fresh=created, ended_at=ended_at, alongside=groups)
+                except RemoteError as exc:
+                    if in_commit and exc.code == "version-conflict" and str(
+                            (exc.details or {}).get("streamId", "")).startswith(PREFIX_STREAM):
+                        raise PrefixRace((stored_settings, k, rec)) from exc
+                    raise
                 admitted = True
             if lane:
                 await self.store_results(conversation_id, turn_id, stored, cs)
-            # recorded beside the turn; awaited before the response ends
-            started.records = asyncio.create_task(self._record_all(
-                [(hashes[k + i], conversation_id, m["id"], k + i + 1) for i, m in enumerate(stored)]))
+            if not in_commit:  # recorded beside the turn; awaited before the response ends
+                started.records = asyncio.create_task(self._record_all(records))
             await self.edge.submit(turn_id, conversation_id, queued["data"])
         except BaseException as exc:
             await watch.close()
             # a recorded command must end (one terminal event), run or not; a refused commit stored nothing (a
-            # 409, an invalid input), and neither did a 429 (HTTPException: before any write)
-            if admitted or (sent and not isinstance(exc, HTTPException)
+            # 409, an invalid input, a prefix race), and neither did a 429 (HTTPException: before any write)
+            if admitted or (sent and not isinstance(exc, (HTTPException, PrefixRace))
                             and not (isinstance(exc, ServiceError) and not exc.retryable)):
                 await asyncio.shield(self.edge.abandon(turn_id, exc))
             raise
@@ -432,6 +461,22 @@ class Gateway:
         task = asyncio.create_task(run(), name=f"gateway-abort:{started.turn_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+
+class PrefixRace(Exception):
+    """A concurrent request recorded one of this request's new prefixes between the lookup and the commit; the
+    commit stored nothing. ``found``: the lookup's result (stored settings, k, record)."""
+
+    def __init__(self, found: tuple[dict[str, Any] | None, int, dict[str, Any] | None]) -> None:
+        super().__init__("a concurrent request recorded one of this request's prefixes first")
+        self.found = found
+
+
+def prefix_group(digest: str, conversation_id: str, message_id: str, index: int
+                 ) -> tuple[str, list[dict[str, Any]], int]:
+    """The append of one prefix record: a stream of its own that must not exist yet (first writer wins)."""
+    return (PREFIX_STREAM + digest, [new_event("GatewayPrefixRecorded", {
+        "conversationId": conversation_id, "messageId": message_id, "index": index})], 0)
 
 
 def inline(message: dict[str, Any]) -> bool:
