@@ -12,6 +12,13 @@ One queue group per service, so replicas share the load. The subject is served b
 Client side: :class:`RpcClient` sends, decodes, and raises :class:`RemoteError` for an error reply, a timeout or
 no responders (both retryable).
 
+Heartbeats (opt-in per call, for calls that may take long, e.g. a model call): ``call(..., heartbeat_s=s)`` sends
+``Ctx-Heartbeat: s`` and waits on an inbox of its own; the server publishes an empty ``Ctx-Progress`` message there
+every ``s`` seconds while the handler runs, and the final reply last. A caller that hears nothing for
+``LIVENESS_BEATS * s`` gives up with a retryable ``unavailable`` (the replica died with the request) instead of
+waiting out the whole timeout. A request still waiting for a ``max_workers`` slot on a busy replica has no running
+handler, so no heartbeat: past the liveness window it is given up the same way (and may still run later).
+
 Both sides claim-check payloads over the inline limit (:mod:`ctxbuild_platform.claims`): a large request travels
 as a ``Ctx-Claim`` header and is resolved before validation, a large reply as ``{"claim": …}`` resolved by the
 client. Handlers and callers see the same dicts whatever the size.
@@ -22,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import typing
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -168,6 +176,37 @@ async def raw_body(message: NatsMessage) -> bytes:
 
 
 REPLY_HEADERS = {"content-type": "application/json"}
+HEARTBEAT_HEADER = "Ctx-Heartbeat"  # request: send progress every <seconds> while the handler runs
+PROGRESS_HEADER = "Ctx-Progress"  # an empty message to the reply subject: the handler is still running
+PROGRESS_HEADERS = {PROGRESS_HEADER: "1"}
+MIN_HEARTBEAT_S = 0.05  # a caller cannot make a replica publish faster than this
+LIVENESS_BEATS = 3  # a caller hearing nothing for this many heartbeats counts the responder as gone
+STATUS_HEADER = "Status"  # what nats-py makes of a NATS status line (503: no responders)
+NO_RESPONDERS_STATUS = "503"
+
+
+def heartbeat_interval(headers: Mapping[str, str] | None) -> float | None:
+    """The progress interval a request asks for (``Ctx-Heartbeat``), or None (no header, or not a positive
+    number)."""
+    value = headers.get(HEARTBEAT_HEADER) if headers else None
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(seconds, MIN_HEARTBEAT_S) if seconds > 0 and math.isfinite(seconds) else None
+
+
+async def _beat(connection: Client, reply: str, every: float) -> None:
+    """Progress messages to ``reply`` until cancelled."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await connection.publish(reply, b"", headers=PROGRESS_HEADERS)
+        except Exception as exc:  # noqa: BLE001 - the connection is going: the caller stops hearing, as it should
+            log.info("heartbeat-not-sent", error=f"{type(exc).__name__}: {exc}"[:200])
+            return
 
 
 class LeanServer:
@@ -216,11 +255,19 @@ class LeanServer:
         try:
             connection = self.connection
             assert connection is not None
+            every = heartbeat_interval(msg.headers) if msg.reply else None
+            beating = None if every is None else asyncio.get_running_loop().create_task(
+                _beat(connection, msg.reply, every))
             try:
                 reply = await claims.answer_raw(claims.store(connection), msg.data, msg.headers, self.subject,
                                                 self.run)
             except Exception as exc:  # noqa: BLE001 - a reply that cannot be built is still an answer
                 reply = claims.encode_json(error_reply(self.subject, exc))
+            finally:
+                if beating is not None:  # stopped (not just told to) before the reply: the reply is the last message
+                    beating.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beating
             if msg.reply:
                 headers = dict(REPLY_HEADERS)
                 inject_into(headers, span)
@@ -343,14 +390,18 @@ class RpcClient:
         self.broker = broker
         self.default_timeout = default_timeout
 
-    async def call(self, subject: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    async def call(self, subject: str, payload: dict[str, Any], timeout: float | None = None,
+                   heartbeat_s: float | None = None) -> dict[str, Any]:
+        """The reply's result. ``heartbeat_s``: the server sends progress this often while the handler runs, and
+        ``LIVENESS_BEATS`` of them missed is ``unavailable`` (a dead replica costs seconds, not the timeout)."""
         try:
             store = claims.store_for(self.broker)
             body = claims.encode_json(payload)
             try:
-                msg = await self._send(store, subject, body, timeout, claim=len(body) > store.inline_limit())
+                msg = await self._send(store, subject, body, timeout, heartbeat_s,
+                                       claim=len(body) > store.inline_limit())
             except MaxPayloadError:  # inline but over the limit once headers count: send it by claim instead
-                msg = await self._send(store, subject, body, timeout, claim=True)
+                msg = await self._send(store, subject, body, timeout, heartbeat_s, claim=True)
             reply = await store.open_reply(msg.data)
         except RemoteError:
             raise
@@ -362,8 +413,8 @@ class RpcClient:
                               e.get("details"))
         return reply["result"]
 
-    async def _send(self, store: claims.ClaimStore, subject: str, body: bytes, timeout: float | None, *,
-                    claim: bool) -> Msg:
+    async def _send(self, store: claims.ClaimStore, subject: str, body: bytes, timeout: float | None,
+                    heartbeat_s: float | None, *, claim: bool) -> Msg:
         """One request on the broker's connection (nats-py directly: FastStream's publish pipeline cost more than
         the round trip), in a PRODUCER span whose context travels in the headers."""
         headers = {"content-type": "application/json"}
@@ -371,10 +422,12 @@ class RpcClient:
         if claim:
             sent = await store.put(body)
             body, headers = b"", claims.claim_headers(sent)
+        timeout = timeout or self.default_timeout
         try:
             with publish_span(subject, headers):
-                return await self.broker.connection.request(subject, body, timeout=timeout or self.default_timeout,
-                                                            headers=headers)
+                if heartbeat_s is None:
+                    return await self.broker.connection.request(subject, body, timeout=timeout, headers=headers)
+                return await self._request_beating(subject, body, headers, timeout, heartbeat_s)
         except NoRespondersError as exc:
             if sent is not None:  # nobody will read it
                 await store.delete(sent)
@@ -385,3 +438,38 @@ class RpcClient:
             if not claim:
                 raise
             raise PayloadTooLarge(f"even the claim form of the request exceeds max_payload: {exc}") from exc
+
+    async def _request_beating(self, subject: str, body: bytes, headers: dict[str, str], timeout: float,
+                               heartbeat_s: float) -> Msg:
+        """A request asking for heartbeats, answered on an inbox of its own (nats-py's ``request`` resolves on the
+        first message, a progress message here): progress moves the liveness deadline on; silence past it is
+        ``unavailable``, the overall ``timeout`` a timeout as without heartbeats."""
+        nc = self.broker.connection
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        liveness = LIVENESS_BEATS * heartbeat_s
+        sub = await nc.subscribe(nc.new_inbox())  # sent before the request on the same connection: no reply is lost
+        try:
+            await nc.publish(subject, body, reply=sub.subject,
+                             headers={**headers, HEARTBEAT_HEADER: f"{heartbeat_s:g}"})
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise NatsTimeout
+                try:
+                    msg = await sub.next_msg(timeout=min(left, liveness))
+                except NatsTimeout:
+                    if liveness < left:
+                        raise RemoteError(subject, "unavailable", f"the responder went silent (no progress for "
+                                          f"{liveness:g} s): it died with the request, or it never started it",
+                                          True) from None
+                    raise
+                status = msg.headers.get(STATUS_HEADER) if msg.headers else None
+                if status == NO_RESPONDERS_STATUS:
+                    raise NoRespondersError
+                if msg.headers and PROGRESS_HEADER in msg.headers:
+                    continue
+                return msg
+        finally:
+            with contextlib.suppress(Exception):  # a closed connection has no subscription left anyway
+                await sub.unsubscribe()
