@@ -55,6 +55,7 @@ def build(settings: Settings) -> FastAPI:
                         default_max_steps=settings.max_steps, keep_requests=settings.keep_served_requests,
                         web_tools=web, terminal_patience_s=settings.terminal_patience_s,
                         compaction_timeout_s=settings.compaction_timeout_s,
+                        compaction_heartbeat_s=settings.compaction_heartbeat_s,
                         keep_request_patience_s=settings.keep_request_patience_s)
     loop = RunnerLoop(queue, runner, settings)
     runs_turns = settings.role in ("all", "runner")

@@ -66,6 +66,10 @@ class Settings(ServiceSettings, WebToolSettings):
                                          "; then the command is handed back (resumed or ended later)")
     compaction_timeout_s: float = one_call(120.0, "compaction call (an llm summarizer is a model call)",
                                            "past it the runner fits the window in-process")
+    compaction_heartbeat_s: float = Field(2.0, gt=0, description="runner: compaction calls ask for progress this "
+                                          "often; 3 missed (the replica died with the call, or the call still waits "
+                                          "for a free handler slot on a busy replica) and the runner fits the window "
+                                          "in-process")
     truncate_attempt_timeout_s: float = one_call(15.0, "ctx.truncate.step attempt (+1 s per 4 MiB of outputs)",
                                                  "a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")

@@ -71,6 +71,7 @@ SYSTEM_PROMPT = (
 COMPACTION_TIMEOUT_S = 120.0  # an llm summarizer call is a model call
 TOOL_PATIENCE_S = 30.0  # a tool call's service away: retried this long before the model sees the error
 FAST_COMPACTION_TIMEOUT_S = 45.0  # a fold without a model call (TextRank over a long history on a busy node)
+COMPACTION_HEARTBEAT_S = 2.0  # compaction's progress interval: a replica silent for 3 of them died with the call
 TERMINAL_PATIENCE_S = 600.0  # how long the terminal event is retried while persistence is away (then: handed back)
 SUMMARIZER_SETTINGS = ("summarizer", "summarizerModel", "summarizerWindow")
 CLAIM_MIN_BYTES = 512 * 1024  # a tool output this large goes to truncation by claim check (NATS max_payload 1 MB)
@@ -288,6 +289,7 @@ class TurnRunner:
     web_tools: Any = None
     terminal_patience_s: float = TERMINAL_PATIENCE_S
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S
+    compaction_heartbeat_s: float = COMPACTION_HEARTBEAT_S
     keep_request_patience_s: float = 20.0
 
     # ------------------------------------------------------------------ entry
@@ -447,7 +449,7 @@ class TurnRunner:
                 start = await self.backends.rpc.call("ctx.compact.turn_start", {
                     "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
                     "settings": {**compaction, "maxMessages": cs.get("maxMessages")}},
-                    timeout=self._compaction_timeout(cs))
+                    timeout=self._compaction_timeout(cs), heartbeat_s=self.compaction_heartbeat_s)
             except RemoteError as exc:
                 if not transient(exc):
                     raise
@@ -872,9 +874,9 @@ class TurnRunner:
         return fit.messages, fit.tokens
 
     def _compaction_timeout(self, settings: dict[str, Any]) -> float:
-        """Sized per call: a fold by a summarizer without a model (extractive, masking) takes moments, so a
-        compaction replica that died with the request costs little before the in-process fit; an llm fold (or the
-        service's default, unknown here) may take a model call's time."""
+        """Sized per call: a fold by a summarizer without a model (extractive, masking) takes moments; an llm fold
+        (or the service's default, unknown here) may take a model call's time. A replica that died with the request
+        costs far less: the calls ask for heartbeats (``compaction_heartbeat_s``), and silence is ``unavailable``."""
         if settings.get("summarizer") in ("extractive", "masking"):
             return min(self.compaction_timeout_s, FAST_COMPACTION_TIMEOUT_S)
         return self.compaction_timeout_s
@@ -921,7 +923,8 @@ class TurnRunner:
             reply = await self.backends.rpc.call("ctx.compact.in_loop", {
                 "conversationId": conversation_id, "turnId": turn_id, "step": step, "offset": offset,
                 "messages": full[offset:], "checkpoint": checkpoint, "retained": retained, "fixedTokens": fixed,
-                "settings": settings}, timeout=self._compaction_timeout(settings))
+                "settings": settings}, timeout=self._compaction_timeout(settings),
+                heartbeat_s=self.compaction_heartbeat_s)
         except RemoteError as exc:
             # compaction unavailable: the candidate as the last checkpoint has it, fitted to the window in-process
             # (masking, excerpts, oldest groups dropped) — never a request the provider would refuse. The
