@@ -142,6 +142,48 @@ async def test_a_flood_of_wrong_secrets_does_not_lock_out_the_owner_once_the_cac
             await auth.authenticate(wrong)
         statuses.append(refused.value.status_code)
     assert statuses == [401, 401, 401, 429, 429]
-    assert (await auth.authenticate(key)).tenant == "t1"  # the secret verified last still passes, hashed again
+    assert (await auth.authenticate(key)).tenant == "t1"  # the secret verified last still passes
     other = issued(streams)  # a never-verified secret of another key id is not affected either
     assert (await auth.authenticate(other)).tenant == "t1"
+
+
+class CountingHasher(PasswordHasher):
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+        self.verified = 0
+
+    def verify(self, hash, password) -> bool:
+        self.verified += 1
+        return super().verify(hash, password)
+
+
+async def test_a_lapsed_entry_rereads_the_key_but_does_not_hash_the_same_secret_again():
+    """Once the cache period is over the key's stream is read again — a revocation since is seen — but a secret
+    this replica verified against the stored hash is not hashed again (the slow hash once per secret, not once
+    per period); another secret, or the same one against another stored hash, is."""
+    streams: dict[str, list[dict]] = {}
+    key = issued(streams)
+    key_id = key.split("_")[1]
+    reads: list[str] = []
+
+    async def read(stream: str) -> list[dict]:
+        reads.append(stream)
+        return list(streams.get(stream, []))
+
+    hasher = CountingHasher()
+    auth = Authenticator(AuthConfig(cache_s=0), read, hasher=hasher)
+    for _ in range(3):
+        assert (await auth.authenticate(key)).tenant == "t1"
+    assert hasher.verified == 1 and reads == [f"apikey:{key_id}"] * 3
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    with pytest.raises(HTTPException):
+        await auth.authenticate(wrong)
+    assert hasher.verified == 2
+    assert (await auth.authenticate(key)).tenant == "t1" and hasher.verified == 2
+    secret = key.split("_", 2)[2]
+    streams[f"apikey:{key_id}"][0]["data"]["secretHash"] = FAST.hash(secret)  # another hash of the same secret
+    assert (await auth.authenticate(key)).tenant == "t1" and hasher.verified == 3
+    streams[f"apikey:{key_id}"].append({"type": "ApiKeyRevoked", "data": {"keyId": key_id}})
+    with pytest.raises(HTTPException) as refused:
+        await auth.authenticate(key)
+    assert refused.value.status_code == 401 and hasher.verified == 3

@@ -9,7 +9,9 @@ and belongs to a tenant:
   never the secret; the key is shown once, in the creation reply. Lookup is by keyId, only the secret is verified.
   A successful verification is cached in-process for ``CTX_AUTH_CACHE_S`` seconds (sha256 of the secret compared
   in constant time), so a request does not pay a slow hash each time; a revocation is seen by every replica
-  within that bound (at once on the replica that revoked).
+  within that bound (at once on the replica that revoked). When the entry lapses the key's stream is read again
+  (revoked → refused), but the same secret is not hashed again against the same stored hash: the slow hash is
+  paid once per secret and replica, not once per cache period (one request in every period waited for it).
 - **The bootstrap admin key** ``CTX_ADMIN_API_KEY`` (a secret setting, no default): admin scope (``/v1/keys``),
   and the tenant ``admin`` on conversation routes. Issued keys may carry the admin scope too.
 - **OIDC/JWT bearer tokens** (optional, ``CTX_OIDC_JWKS_URL``): signature by a key of the JWKS (PyJWKClient),
@@ -108,6 +110,7 @@ class _Cached:
     digest: bytes
     principal: Principal
     until: float
+    secret_hash: str  # the stored argon2 hash the secret was verified against
 
 
 @dataclass
@@ -167,16 +170,19 @@ class Authenticator:
         known = hit is not None and hmac.compare_digest(hit.digest, digest)
         if not known and not self._limiter.test(failed, "failed", key_id):
             raise rate_limited("too many failed verifications of this key id; try again later", 1)
-        try:
-            await asyncio.to_thread(self.hasher.verify, issued["secretHash"], secret)
-        except (VerificationError, InvalidHashError) as exc:
-            self._limiter.hit(failed, "failed", key_id)
-            raise unauthenticated("invalid API key") from exc
+        # a lapsed entry is trusted again only after the key is read (revocation above); its secret is hashed again
+        # only when it is not the one this replica verified against this very hash
+        if not (known and hit.secret_hash == issued["secretHash"]):
+            try:
+                await asyncio.to_thread(self.hasher.verify, issued["secretHash"], secret)
+            except (VerificationError, InvalidHashError) as exc:
+                self._limiter.hit(failed, "failed", key_id)
+                raise unauthenticated("invalid API key") from exc
         lim = issued.get("limits") or {}
         principal = Principal(f"key:{key_id}", issued["tenantId"], admin=bool(issued.get("admin")),
                               requests_per_second=lim.get("requestsPerSecond"),
                               max_running_turns=lim.get("maxRunningTurns"))
-        self._cache[key_id] = _Cached(digest, principal, now + self.config.cache_s)
+        self._cache[key_id] = _Cached(digest, principal, now + self.config.cache_s, issued["secretHash"])
         self._cache.move_to_end(key_id)
         while len(self._cache) > 10_000:
             self._cache.popitem(last=False)
