@@ -11,6 +11,7 @@ from ctxbuild_codec.contract_models import dump, parse
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
+from ctxbuild_platform.telemetry import publish_span
 
 DELTA_SUBJECT = "ctx.turn.delta"
 DELTA_SCHEMA = "subjects/ctx.turn.delta.request.json"
@@ -23,9 +24,17 @@ def text_delta(raw: bytes) -> TurnTextDelta:
     return parse(TurnTextDelta, body)
 
 
+async def publish_notice(broker: Any, subject: str, body: dict[str, Any]) -> None:
+    """A small live notice (core NATS, no reply) on the broker's nats-py connection, in a PRODUCER span: FastStream's
+    publish pipeline cost more than the message, and a turn sends one per streamed text chunk."""
+    headers = {"content-type": "application/json"}
+    with publish_span(subject, headers):
+        await broker.connection.publish(subject, json.dumps(body, ensure_ascii=False).encode(), headers=headers)
+
+
 async def publish_delta(broker: Any, delta: TurnTextDelta) -> None:
     """Fire and forget (core NATS): a lost delta costs nothing, the step's assistant message is the record."""
-    await broker.publish(dump(delta), f"{DELTA_SUBJECT}.{delta.turnId}")
+    await publish_notice(broker, f"{DELTA_SUBJECT}.{delta.turnId}", dump(delta))
 
 
 class TurnNotices:

@@ -14,7 +14,7 @@ from ctxbuild_codec.models.subjects.ctx_turn_ended_request import TurnEndedNotic
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 
-from .deltas import DELTA_SUBJECT, TurnNotices, text_delta
+from .deltas import DELTA_SUBJECT, TurnNotices, publish_notice, text_delta
 
 log = structlog.get_logger("turn_watch")
 ENDED_SUBJECT = "ctx.turn.ended"
@@ -26,7 +26,7 @@ async def publish_ended(broker: Any, turn_id: str, type_: str, result: dict[str,
     gateway turn's response summary (the waiter then needs no read)."""
     try:
         notice = {"turnId": turn_id, "type": type_, **({"result": result} if result is not None else {})}
-        await broker.publish(dump(TurnEndedNotice.model_validate(notice)), f"{ENDED_SUBJECT}.{turn_id}")
+        await publish_notice(broker, f"{ENDED_SUBJECT}.{turn_id}", dump(TurnEndedNotice.model_validate(notice)))
     except Exception as exc:  # noqa: BLE001 - the terminal event is stored; the notice is a courtesy
         log.debug("ended-not-sent", turn_id=turn_id, error=str(exc)[:200])
 
