@@ -17,17 +17,28 @@ like production), then:
 2. Throughput with 1, 8 and 32 concurrent streams (one appender per stream, one event per append, appends of a
    stream in order) through the service, beside raw INSERT events/s with the same number of connections (one
    INSERT loop per connection, autocommit). Both run twice per level, the order alternating; events/s = events /
-   wall time summed over the two runs. Measured with 1 persistence replica and again with 2 (a second process in
-   the same queue group, ``ctxbuild_devstack.replica.Replica``). CPU seconds of the persistence process(es) and of
-   Postgres (postmaster and its backends) over each service run give events per CPU-second; Postgres
-   ``xact_commit`` and WAL bytes per event are read around one 32-stream service run.
+   wall time summed over the two runs. The service side's load generator is as lean as the raw side's (the bench
+   shares the two cores with the service, so its own CPU is taken from the service): every request built and
+   JSON-encoded before the timed run (the raw side pre-builds its rows), sent with nats-py's request on a plain
+   connection, each reply checked (``{"result": …}`` with the expected toVersion; anything else fails the bench).
+   With 1 replica the platform's ``RpcClient`` (claim check, a producer span per request, each event built in the
+   loop) runs in the same rounds as a third side: ``throughput_ratio_32_streams_rpc_client``. A CPU census per
+   level and side (``cpu_s_per_1k_events``): the bench process itself, nats-server, Postgres and the persistence
+   process(es) (``cores_busy``: their sum / wall time); the persistence figure also as events per CPU-second.
+   After each level every event appended through the service is looked up on JetStream (the ``CTX_EVENTS``
+   stream read from where the last check stopped): the relay keeps up and never skips. Measured with 1
+   persistence replica and again with 2 (a second process in the same queue group,
+   ``ctxbuild_devstack.replica.Replica``). Postgres ``xact_commit`` and WAL bytes per event are read around one
+   32-stream service run.
    ``throughput_ratio_32_streams`` = service events/s / raw INSERT events/s at 32 (1 replica). Beside it, 32
    streams with 5 events per append (a step's events, which the runner appends together) vs raw transactions of
    5 INSERTs each.
-3. Outbox lag: a core-NATS subscription on ctx.evt.> sees each event as the relay publishes it to JetStream;
-   lag = seen − the append's acknowledgement at the client (an upper bound of commit → JetStream minus the
-   reply's own flight; a sample can be slightly negative when JetStream's copy arrives before the reply).
-   Measured paced (one append every 5 ms) and under the 8-stream load.
+3. Outbox lag, in phases of its own (nothing subscribes to ctx.evt.> during the throughput runs: a callback
+   per relayed event in the bench process would take CPU from the service): a core-NATS subscription on ctx.evt.>
+   sees each event as the relay publishes it to JetStream; lag = seen − the append's acknowledgement at the
+   client (an upper bound of commit → JetStream minus the reply's own flight; a sample can be slightly negative
+   when JetStream's copy arrives before the reply). Measured before the throughput runs under an 8-stream load
+   and paced (one append every 5 ms), and the 8-stream load again after the 1-replica throughput runs.
 
     .venv/bin/python bench/eventstore.py --out bench/results/eventstore.json
 """
@@ -51,8 +62,11 @@ from ctxbuild_devstack.replica import Replica
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
 from ctxbuild_persistence.domain.append import NewEvent
+from ctxbuild_platform.claims import encode_json
 from ctxbuild_platform.rpc import RpcClient
 from faststream.nats import NatsBroker
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from proc_cpu import CpuGroup  # a sibling module (run from bench/)
 from responder import start_floor_responder
 
@@ -62,6 +76,8 @@ STEP_EVENTS = 5  # events of one agent step (issue #21's projection: ~5 per step
 TARGET_APPEND_RATIO_VS_FLOOR = 3.0
 TARGET_THROUGHPUT_RATIO_32 = 0.5
 FLOOR_SUBJECT = "bench.es.floor"
+APPEND_SUBJECT = "ctx.persist.append"
+EVENTS_STREAM, EVENTS_SUBJECTS = "CTX_EVENTS", "ctx.evt.>"  # where the outbox relay publishes (persistence settings)
 RAW_TABLE = """
 CREATE SCHEMA IF NOT EXISTS bench_raw;
 CREATE TABLE IF NOT EXISTS bench_raw.events (
@@ -102,7 +118,9 @@ def summary(ms: list[float]) -> dict:
 
 
 class Lag:
-    """Times at which each event id was seen on ctx.evt.> (core NATS) vs acknowledged to the appender."""
+    """Times at which each event id was seen on ctx.evt.> (core NATS) vs acknowledged to the appender. Subscribed
+    only during the lag phase: during the throughput runs a callback per relayed event in the bench process would
+    take CPU from the service on the same cores."""
 
     def __init__(self) -> None:
         self.seen: dict[str, float] = {}
@@ -121,6 +139,68 @@ class Lag:
         if missing:
             raise RuntimeError(f"{len(missing)} events never reached ctx.evt.>")
         return [(self.seen[i] - self.acked[i]) * 1000 for i in ids]
+
+
+class Relayed:
+    """Every appended event must reach JetStream (the relay keeps up and never skips): checked after the timed runs
+    by reading the stream itself from where the last check stopped (an ephemeral pull consumer, headers only), so
+    nothing listens to the relay while events/s are measured."""
+
+    def __init__(self, nc: nats.NATS) -> None:
+        self.js = nc.jetstream()
+        self.next_seq = 1
+        self.seen: set[str] = set()
+
+    async def wait_all(self, ids: list[str], timeout: float = 60.0) -> None:
+        missing = set(ids) - self.seen
+        if not missing:
+            return
+        sub = await self.js.pull_subscribe(
+            EVENTS_SUBJECTS, stream=EVENTS_STREAM,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.next_seq,
+                                  ack_policy=AckPolicy.NONE, headers_only=True, inactive_threshold=30.0))
+        deadline = time.monotonic() + timeout
+        try:
+            while missing and time.monotonic() < deadline:
+                try:
+                    msgs = await sub.fetch(1000, timeout=1)
+                except NatsTimeout:
+                    continue  # the relay is still behind
+                for m in msgs:
+                    eid = (m.headers or {}).get("Nats-Msg-Id")
+                    if eid:
+                        self.seen.add(eid)
+                        missing.discard(eid)
+                    self.next_seq = m.metadata.sequence.stream + 1
+        finally:
+            await sub.unsubscribe()
+        if missing:
+            raise RuntimeError(f"{len(missing)} of {len(ids)} appended events never reached {EVENTS_STREAM}")
+
+
+class Appends:
+    """One appender's requests, built and JSON-encoded before the timed section (as the raw side pre-builds its
+    rows): the request bytes, the toVersion its reply must carry, its event ids."""
+
+    def __init__(self, per_stream: int, batch: int) -> None:
+        stream = f"bench:{uuid.uuid4()}"
+        self.requests: list[tuple[bytes, int, list[str]]] = []
+        for v in range(0, per_stream, batch):
+            evs = [{"eventId": str(uuid.uuid4()), "type": "BenchEvent", "data": payload(v + j)}
+                   for j in range(min(batch, per_stream - v))]
+            req = {"streamId": stream, "expectedVersion": v, "events": evs}
+            self.requests.append((encode_json(req), v + len(evs), [e["eventId"] for e in evs]))
+
+    def ids(self) -> list[str]:
+        return [i for _, _, ids in self.requests for i in ids]
+
+
+def check_reply(raw: bytes, to_version: int) -> None:
+    """An append counts only when the service says it committed it: an error reply fails the bench."""
+    reply = json.loads(raw)
+    result = reply.get("result") if isinstance(reply, dict) else None
+    if not isinstance(result, dict) or result.get("toVersion") != to_version:
+        raise RuntimeError(f"append not committed (expected toVersion {to_version}): {raw[:300]!r}")
 
 
 # -------------------------------------------------------------------------------------- the bare NATS responder
@@ -151,8 +231,8 @@ class Bench:
         self.broker = NatsBroker(url, logger=None)
         await self.broker.connect()
         self.rpc = RpcClient(self.broker, default_timeout=60)
-        self.nc = await nats.connect(url)
-        await self.nc.subscribe("ctx.evt.>", cb=self.lag.on_msg)
+        self.nc = await nats.connect(url)  # a plain connection: the lean load generator's and the floors'
+        self.relayed = Relayed(self.nc)
 
         async def echo(msg) -> None:
             await msg.respond(b'{"ok":true}')
@@ -174,11 +254,9 @@ class Bench:
         return eid, {"streamId": stream, "expectedVersion": version,
                      "events": [{"eventId": eid, "type": "BenchEvent", "data": payload(i)}]}
 
-    async def service_append(self, stream: str, version: int, i: int) -> str:
-        eid, req = self.request(stream, version, i)
-        await self.rpc.call("ctx.persist.append", req)
-        self.lag.acked[eid] = time.perf_counter()
-        return eid
+    async def lean_append(self, data: bytes, to_version: int) -> None:
+        msg = await self.nc.request(APPEND_SUBJECT, data, timeout=60)
+        check_reply(msg.data, to_version)
 
     # ---------------------------------------------------------------------------------------------- latency
     async def latency(self, n: int, rounds: int) -> dict:
@@ -241,18 +319,30 @@ class Bench:
 
     # ------------------------------------------------------------------------------------------- throughput
     async def service_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1) -> float:
-        """``streams`` appenders, each appending ``per_stream`` events to its own stream in order, ``batch``
-        events per append."""
+        """The lean load generator: ``streams`` appenders, each sending ``per_stream`` events to its own stream in
+        order, ``batch`` events per append, with nats-py's request on a plain connection; each reply checked."""
+        plans = [Appends(per_stream, batch) for _ in range(streams)]
+        for plan in plans:
+            ids.extend(plan.ids())
+
+        async def appender(plan: Appends) -> None:
+            for data, to_version, _ in plan.requests:
+                await self.lean_append(data, to_version)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(appender(plan) for plan in plans))
+        return time.perf_counter() - t0
+
+    async def rpc_client_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1) -> float:
+        """The previous load generator, kept as a second figure: the platform's RpcClient (claim check, JSON
+        encoding, a producer span per request), each event built inside the timed loop."""
         async def appender() -> None:
             stream = f"bench:{uuid.uuid4()}"
             for v in range(0, per_stream, batch):
                 evs = [{"eventId": str(uuid.uuid4()), "type": "BenchEvent", "data": payload(v + j)}
                        for j in range(min(batch, per_stream - v))]
-                await self.rpc.call("ctx.persist.append", {"streamId": stream, "expectedVersion": v, "events": evs})
-                now = time.perf_counter()
-                for e in evs:
-                    self.lag.acked[e["eventId"]] = now
-                    ids.append(e["eventId"])
+                await self.rpc.call(APPEND_SUBJECT, {"streamId": stream, "expectedVersion": v, "events": evs})
+                ids.extend(e["eventId"] for e in evs)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(appender() for _ in range(streams)))
@@ -278,37 +368,75 @@ class Bench:
         await asyncio.gather(*(inserter() for _ in range(conns)))
         return time.perf_counter() - t0
 
-    async def throughput(self, events: dict[int, int], service_pids: list[int], pg: CpuGroup,
-                         keep_ids: dict[int, list[str]] | None = None, batch: int = 1,
-                         levels: tuple[int, ...] = LEVELS) -> dict:
-        svc_cpu = CpuGroup(service_pids)
+    async def throughput(self, events: dict[int, int], cpu: dict[str, CpuGroup], batch: int = 1,
+                         levels: tuple[int, ...] = LEVELS, rpc_client: bool = False) -> dict:
+        """Per level, each side twice, the order reversed the second time; ``cpu`` names the process groups of the
+        census (read around every run). Every event appended through the service is then checked on JetStream."""
+        sides = ("service", "service_rpc_client", "raw_insert") if rpc_client else ("service", "raw_insert")
         out = {}
         for streams in levels:
+            print(f"  {streams} streams …", flush=True)
             per = max(batch, events[streams] // streams // batch * batch)
-            svc_s = raw_s = svc_cpu_s = pg_cpu_s = 0.0
+            wall = dict.fromkeys(sides, 0.0)
+            used = {side: dict.fromkeys(cpu, 0.0) for side in sides}
             ids: list[str] = []
             for k in range(2):
-                for side in (("service", "raw") if k == 0 else ("raw", "service")):
-                    if side == "raw":
-                        raw_s += await self.raw_run(streams, per, batch)
-                        continue
-                    c0, p0 = svc_cpu.seconds(), pg.seconds()
-                    svc_s += await self.service_run(streams, per, ids, batch)
-                    svc_cpu_s += svc_cpu.seconds() - c0
-                    pg_cpu_s += pg.seconds() - p0
-            if keep_ids is not None:
-                keep_ids[streams] = ids
+                for side in (sides if k == 0 else sides[::-1]):
+                    before = {name: g.seconds() for name, g in cpu.items()}
+                    if side == "raw_insert":
+                        wall[side] += await self.raw_run(streams, per, batch)
+                    elif side == "service":
+                        wall[side] += await self.service_run(streams, per, ids, batch)
+                    else:
+                        wall[side] += await self.rpc_client_run(streams, per, ids, batch)
+                    for name, g in cpu.items():
+                        used[side][name] += g.seconds() - before[name]
+            await self.relayed.wait_all(ids)  # outside the timed runs: the relay published every event
             n = 2 * per * streams
-            svc_eps, raw_eps = n / svc_s, n / raw_s
-            out[f"streams_{streams}"] = {
+            eps = {side: n / wall[side] for side in sides}
+            census = {side: {**{name: round(used[side][name] / n * 1000, 4) for name in cpu},
+                             "total": round(sum(used[side].values()) / n * 1000, 4),
+                             "cores_busy": round(sum(used[side].values()) / wall[side], 2)} for side in sides}
+            level = {
                 "streams": streams, "events_per_append": batch, "events_per_run": per * streams,
-                "service_events_per_s": round(svc_eps, 1), "raw_insert_events_per_s": round(raw_eps, 1),
-                "ratio": round(svc_eps / raw_eps, 3),
-                "service_cpu_s_per_1k_events": round(svc_cpu_s / n * 1000, 4),
-                "postgres_cpu_s_per_1k_events": round(pg_cpu_s / n * 1000, 4),
-                "service_events_per_cpu_s": round(n / svc_cpu_s, 1) if svc_cpu_s else None,
+                "service_events_per_s": round(eps["service"], 1),
+                "raw_insert_events_per_s": round(eps["raw_insert"], 1),
+                "ratio": round(eps["service"] / eps["raw_insert"], 3),
+                "service_cpu_s_per_1k_events": census["service"]["service"],
+                "postgres_cpu_s_per_1k_events": census["service"]["postgres"],
+                "service_events_per_cpu_s": round(n / used["service"]["service"], 1)
+                if used["service"]["service"] else None,
+                "cpu_s_per_1k_events": census,
             }
+            if rpc_client:
+                level["rpc_client"] = {"service_events_per_s": round(eps["service_rpc_client"], 1),
+                                       "ratio": round(eps["service_rpc_client"] / eps["raw_insert"], 3)}
+            out[f"streams_{streams}"] = level
         return out
+
+    async def lag_phase(self, loaded_events: int, n_paced: int) -> tuple[list[float], list[float]]:
+        """Outbox lag in a phase of its own (the ctx.evt.> subscriber exists only here): under an 8-stream load of
+        the lean generator, then paced, one append every 5 ms."""
+        sub = await self.nc.subscribe(EVENTS_SUBJECTS, cb=self.lag.on_msg)
+        await self.nc.flush()
+        try:
+            plans = [Appends(loaded_events // 8, 1) for _ in range(8)]
+
+            async def appender(plan: Appends) -> None:
+                for data, to_version, ids in plan.requests:
+                    await self.lean_append(data, to_version)
+                    self.lag.acked[ids[0]] = time.perf_counter()
+
+            await asyncio.gather(*(appender(plan) for plan in plans))
+            loaded = await self.lag.samples([i for plan in plans for i in plan.ids()])
+            paced = Appends(n_paced, 1)
+            for data, to_version, ids in paced.requests:
+                await self.lean_append(data, to_version)
+                self.lag.acked[ids[0]] = time.perf_counter()
+                await asyncio.sleep(0.005)
+            return loaded, await self.lag.samples(paced.ids()) if n_paced else []
+        finally:
+            await sub.unsubscribe()
 
     async def commits(self, streams: int, per_stream: int) -> dict:
         """Postgres transactions and WAL per event over one service run (the statistics are flushed by idle
@@ -322,6 +450,7 @@ class Bench:
         await asyncio.sleep(11)
         after = await self.pool.fetchrow(q)
         wal = await self.pool.fetchval("SELECT pg_wal_lsn_diff($1, $2)", after["lsn"], before["lsn"])
+        await self.relayed.wait_all(ids)
         n = len(ids)
         return {"streams": streams, "events": n, "events_per_s": round(n / wall, 1),
                 "commits_per_event": round((after["xact_commit"] - before["xact_commit"]) / n, 3),
@@ -334,37 +463,38 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
     b = Bench(stack)
     await b.open()
     responder = start_floor_responder(__file__, stack, "the bare NATS responder")
-    pg = CpuGroup([stack.procs["postgres"]["pid"]])
+    main_pid = stack.procs["persistence"]["pid"]
+    # the census: where the two cores go during each run (the bench's own process without its children: the stack
+    # is its child processes)
+    cpu = {"bench_client": CpuGroup([os.getpid()], children=False),
+           "nats_server": CpuGroup([stack.procs["nats"]["pid"]]),
+           "postgres": CpuGroup([stack.procs["postgres"]["pid"]]),
+           "service": CpuGroup([main_pid])}
     events = {1: args.events_1, 8: args.events_8, 32: args.events_32}
     result: dict = {"benchmark": "eventstore", "event_bytes": EVENT_BYTES}
     try:
-        for i in range(50):  # warm-up: connections, prepared statements, the relay's stream
-            await b.service_append(f"bench:warm:{i % 5}", i // 5, i)
+        for i in range(50):  # warm-up: connections, prepared statements, the relay's stream, both load generators
+            await b.rpc.call(APPEND_SUBJECT, b.request(f"bench:warm:{i % 5}", i // 5, i)[1])
+        await b.service_run(5, 10, [])
         await b.raw_run(max(LEVELS), 5)
         await b.latency(100, 1)
         print("latency …", flush=True)
         lat = await b.latency(args.n_latency, args.rounds)
+        # before the throughput runs (where the 8-stream level used to measure it) and again after them: the relay
+        # after tens of thousands of rows need not be the relay of a fresh stack
+        print("outbox lag …", flush=True)
+        lag_loaded, lag_paced = await b.lag_phase(2 * args.events_8, args.n_paced)
         print("throughput, 1 replica …", flush=True)
-        loaded: dict[int, list[str]] = {}
-        main_pid = stack.procs["persistence"]["pid"]
-        tp1 = await b.throughput(events, [main_pid], pg, loaded)
-        lag_loaded = await b.lag.samples(loaded[8])
+        tp1 = await b.throughput(events, cpu, rpc_client=True)
         print("throughput, 1 replica, a step's events per append …", flush=True)
-        batched: dict[int, list[str]] = {}
-        tp1_batch = await b.throughput(events, [main_pid], pg, batched, batch=STEP_EVENTS, levels=(32,))
-        await b.lag.samples(batched[32])  # the relay's backlog is published before the paced lag is measured
-        paced_ids: list[str] = []
-        stream = f"bench:{uuid.uuid4()}"
-        for v in range(args.n_paced):
-            paced_ids.append(await b.service_append(stream, v, v))
-            await asyncio.sleep(0.005)
-        lag_paced = await b.lag.samples(paced_ids)
+        tp1_batch = await b.throughput(events, cpu, batch=STEP_EVENTS, levels=(32,))
+        lag_after, _ = await b.lag_phase(2 * args.events_8, 0)
         commits = await b.commits(32, max(1, args.events_32 // 32)) if args.commits else None
         print("throughput, 2 replicas …", flush=True)
         second = await asyncio.to_thread(lambda: Replica(stack, "persistence", "bench-persistence-2").wait_ready())
         try:
             await asyncio.sleep(1)  # its relay and projector settle (they poll)
-            tp2 = await b.throughput(events, [main_pid, second.proc.pid], pg)
+            tp2 = await b.throughput(events, {**cpu, "service": CpuGroup([main_pid, second.proc.pid])})
         finally:
             await asyncio.to_thread(second.stop)
         pg_version = await b.pool.fetchval("SHOW server_version")
@@ -384,6 +514,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         "append_ratio_target": TARGET_APPEND_RATIO_VS_FLOOR,
         "throughput_ratio_32_streams": r32,
         "throughput_ratio_target": TARGET_THROUGHPUT_RATIO_32,
+        "throughput_ratio_32_streams_rpc_client": tp1["streams_32"]["rpc_client"]["ratio"],
         "throughput_ratio_32_streams_2_replicas": tp2["streams_32"]["ratio"],
         "throughput_ratio_32_streams_5_per_append": tp1_batch["streams_32"]["ratio"],
         "targets_hold": lat["append_ratio_vs_floor"] <= TARGET_APPEND_RATIO_VS_FLOOR
@@ -392,7 +523,8 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         "append": lat,
         "throughput": {"replicas_1": tp1, "replicas_2": tp2, "replicas_1_5_per_append": tp1_batch},
         "postgres_per_event": commits,
-        "outbox_lag_ms": {"paced_5ms": lag_summary(lag_paced), "under_8_stream_load": lag_summary(lag_loaded)},
+        "outbox_lag_ms": {"paced_5ms": lag_summary(lag_paced), "under_8_stream_load": lag_summary(lag_loaded),
+                          "under_8_stream_load_after_throughput": lag_summary(lag_after)},
         "how": {
             "append_ratio_vs_floor": "p50 of one ctx.persist.append (1 event of 1 KB) round trip / (p50 of a bare "
                                      "nats-py request/reply of the same request bytes to a responder in its own "
@@ -402,15 +534,30 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
             "throughput_ratio_32_streams": "events/s of 32 concurrent appenders through the service (one stream "
                                            "each, one event per append, in order) / events/s of 32 asyncpg "
                                            "connections each running autocommitted INSERTs of the same rows; two "
-                                           "runs each, order alternating, 1 persistence replica",
+                                           "runs each, order alternating, 1 persistence replica. The service side's "
+                                           "load generator is lean like the raw side's: request bytes built and "
+                                           "JSON-encoded before the timed run, nats-py request on a plain "
+                                           "connection, each reply checked ({\"result\"} with the expected "
+                                           "toVersion, else the bench fails); no subscriber to ctx.evt.> in the "
+                                           "bench process during the run",
+            "throughput_ratio_32_streams_rpc_client": "the same, the service side driven by the platform's "
+                                                      "RpcClient (claim check, JSON encoding, a producer span per "
+                                                      "request; each event built in the timed loop), measured in "
+                                                      "the same rounds as the lean generator and raw INSERT",
             "throughput_ratio_32_streams_5_per_append": "the same with 5 events per append (a step's events, as the "
                                                         "runner appends them) beside raw transactions of 5 INSERTs "
                                                         "each (asyncpg executemany: pipelined, one commit)",
             "floors_exclude": "raw INSERT: no outbox row, no expected-version read, no lock, no idempotency check; "
                               "bare NATS: no FastStream, no validation, no tracing, no database",
-            "cpu": "psutil user+system seconds of the persistence process(es) and of Postgres (postmaster, "
-                   "backends, reaped children) over the service runs only; the bench client and NATS not "
-                   "included",
+            "cpu": "psutil user+system seconds over each run (cpu_s_per_1k_events, per side): the bench process "
+                   "itself (without its children), nats-server, Postgres (postmaster, backends, reaped children) "
+                   "and the persistence process(es); cores_busy = their sum / wall time. Other work on the "
+                   "shared machine is not in it",
+            "outbox_lag": "in a phase of its own before the throughput runs (8 streams of the lean generator, "
+                          "2 x --events-8 events, then paced) and the 8-stream load again after the 1-replica "
+                          "throughput runs (under_8_stream_load_after_throughput): the only times the bench "
+                          "subscribes to ctx.evt.>; that every event of the throughput runs reached JetStream is "
+                          "checked after each level by reading CTX_EVENTS",
         },
         "environment": {"postgres": pg_version, **{f"postgres_{k}": v for k, v in settings.items()},
                         "jetstream_sync": "always", "python": platform.python_version(), "cpus": os.cpu_count(),
