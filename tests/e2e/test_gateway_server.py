@@ -491,7 +491,8 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
     asked = {r["index"]: r["tx"] for r in records if r["index"] is not None}  # the edge's, for the questions
     assert asked == {1: rows[0]["tx"], 3: queued2["tx"]}
     answered = [r["tx"] for r in records if r["index"] is None]  # the runner's, for the two gateway answers
-    assert len(answered) == 2 and not set(answered) & set(asked.values())
+    completed = {r["stream_id"]: r["tx"] for r in rows if r["type"] == "TurnCompleted"}
+    assert answered == [completed[f"turn:{tid}"], completed[f"turn:{tid2}"]]  # each in its turn's closing commit
 
 
 async def test_concurrent_identical_new_requests_each_get_an_answer(gw, fake_openai, stack):

@@ -160,14 +160,18 @@ class Backends:
 
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
                             truncate_threshold: int | None, event_id: str | None = None,
-                            turn_append: dict[str, Any] | None = None) -> dict:
+                            turn_append: dict[str, Any] | None = None,
+                            also_append: list[dict[str, Any]] | None = None) -> dict:
         """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.
         Idempotent by ``event_id`` (a resumed turn passes the same one). ``turn_append`` ({streamId, expectedVersion,
-        events} of the turn's own stream) is stored in the same commit as the messages."""
+        events} of the turn's own stream) and ``also_append`` (the same, other streams) are stored in the same
+        commit as the messages."""
         req = {"conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
                "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}
         if turn_append is not None:
             req["turnAppend"] = turn_append
+        if also_append:
+            req["alsoAppend"] = also_append
         # sized per call: the lane writes the turn's large outputs to the blob store before it appends, so its time
         # grows with the messages; a persistence replica that died with the request costs one such attempt
         size = len(json.dumps(messages, ensure_ascii=False, default=str))

@@ -609,23 +609,21 @@ class TurnRunner:
     async def _close(self, st: TurnState, ts: TurnStream, conversation_id: str, messages: list[dict[str, Any]],
                      cs: dict[str, Any], served: dict[str, Any] | None, terminal: dict[str, Any],
                      pending: frozenset[str]) -> None:
-        gateway = asyncio.create_task(self._gateway_answer(st, messages, pending))
+        record, summary = self._gateway_answer(st, messages, pending)
         try:
-            try:
-                ended = await self._end_in_one_commit(st, ts, conversation_id, messages, cs, served, terminal)
-            except BaseException:
-                if served is not None:  # not recorded: a failed turn must not keep the step's answer (SPEC §15.4)
-                    st.steps.pop(served["step"], None)
-                raise
-            if not ended:
-                if served is not None:
-                    await self._record_served(st, ts, served)
-                await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
-                                                  event_id=event_id(st.turn_id, "persist"))
-            summary = await gateway
-        finally:
-            if not gateway.done():
-                gateway.cancel()
+            ended = await self._end_in_one_commit(st, ts, conversation_id, messages, cs, served, terminal,
+                                                  [record] if record is not None else [])
+        except BaseException:
+            if served is not None:  # not recorded: a failed turn must not keep the step's answer (SPEC §15.4)
+                st.steps.pop(served["step"], None)
+            raise
+        if not ended:
+            if served is not None:
+                await self._record_served(st, ts, served)
+            await self.backends.complete_turn(conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
+                                              event_id=event_id(st.turn_id, "persist"))
+            if record is not None and not await self._record_answer_prefix(st.turn_id, record):
+                summary = None
         if ended:
             await publish_ended(self.backends.rpc.broker, st.turn_id, "TurnCompleted", summary)
         else:
@@ -634,9 +632,10 @@ class TurnRunner:
 
     async def _end_in_one_commit(self, st: TurnState, ts: TurnStream, conversation_id: str,
                                  messages: list[dict[str, Any]], cs: dict[str, Any], served: dict[str, Any] | None,
-                                 terminal: dict[str, Any]) -> bool:
-        """True: the messages, the last StepServed and TurnCompleted are stored (one commit). False: nothing of it
-        is (a conflict or a persistence without ``turnAppend``): the caller takes the serial path."""
+                                 terminal: dict[str, Any], also: list[dict[str, Any]]) -> bool:
+        """True: the messages, the last StepServed, TurnCompleted and ``also`` (a gateway answer's prefix record)
+        are stored (one commit). False: nothing of it is (a conflict — the answer's prefix recorded first by
+        another turn, too — or a persistence without ``turnAppend``): the caller takes the serial path."""
         await ts.settle()  # appends started beside the work come first (versions are sequential)
         events = [{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
                    "data": served}] if served is not None else []
@@ -645,13 +644,15 @@ class TurnRunner:
             reply = await self.backends.complete_turn(
                 conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
                 event_id=event_id(st.turn_id, "persist"),
-                turn_append={"streamId": ts.stream, "expectedVersion": ts.version, "events": events})
+                turn_append={"streamId": ts.stream, "expectedVersion": ts.version, "events": events},
+                also_append=also)
         except RemoteError as exc:
             if exc.code in ("version-conflict", "event-id-conflict", "invalid-payload"):
                 log.info("turn-end-serial", turn_id=st.turn_id, code=exc.code, error=str(exc)[:200])
                 return False
             raise
-        if "turnAppend" not in reply:  # an older persistence ignored it: nothing of the turn stream was written
+        if "turnAppend" not in reply or (also and "alsoAppend" not in reply):
+            # an older persistence ignored them: nothing of the turn stream was written
             return False
         ts.version = max(ts.version, reply["turnAppend"]["toVersion"])
         return True
@@ -688,29 +689,35 @@ class TurnRunner:
                              "pendingToolCalls": pending}}
         await self._close(st, ts, conversation_id, messages, cs, None, terminal, frozenset(pending))
 
-    async def _gateway_answer(self, st: TurnState, messages: list[dict[str, Any]],
-                              pending: frozenset[str]) -> dict[str, Any] | None:
-        """A gateway turn (TurnQueued.gatewayChain) ends: the answer's prefix — the assistant message the client
-        will resend — is recorded, naming the turn's last message, beside the persist lane and before the terminal
-        event (the client's next request finds the conversation at once); returns the response's summary for the
-        end notice. None (the waiter then reads the events and records it itself) when not a gateway turn, when
-        the summary is large, or when the record could not be written."""
+    @staticmethod
+    def _gateway_answer(st: TurnState, messages: list[dict[str, Any]], pending: frozenset[str]
+                        ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """A gateway turn (TurnQueued.gatewayChain) ends: (the answer's prefix record — the assistant message the
+        client will resend, naming the turn's last message — as an append stored in the turn's closing commit, so
+        the client's next request finds the conversation at once; the response's summary for the end notice).
+        The record is None when not a gateway turn; the summary when not a gateway turn or when it is large (the
+        waiter then reads the events)."""
         chain = (st.command or {}).get("gatewayChain")
         if not chain or not messages:
-            return None
+            return None, None
         result = gateway_result(st, pending)
-        digest = chain_hash(chain, result_message(result))
-        try:
-            await self.backends.append(PREFIX_STREAM + digest, [{
-                "eventId": event_id(st.turn_id, "gateway-prefix"), "type": "GatewayPrefixRecorded",
-                "data": {"conversationId": (st.command or {})["conversationId"], "messageId": messages[-1]["id"]}}],
-                expected=0)
-        except RemoteError as exc:
-            if exc.code not in ("version-conflict", "event-id-conflict"):  # recorded already: first writer wins
-                log.warning("gateway-prefix-not-recorded", turn_id=st.turn_id, error=str(exc)[:300])
-                return None
+        record = {"streamId": PREFIX_STREAM + chain_hash(chain, result_message(result)), "expectedVersion": 0,
+                  "events": [{"eventId": event_id(st.turn_id, "gateway-prefix"), "type": "GatewayPrefixRecorded",
+                              "data": {"conversationId": (st.command or {})["conversationId"],
+                                       "messageId": messages[-1]["id"]}}]}
         summary = result_summary(st, result)
-        return summary if len(json.dumps(summary, ensure_ascii=False)) <= NOTICE_RESULT_MAX_BYTES else None
+        return record, summary if len(json.dumps(summary, ensure_ascii=False)) <= NOTICE_RESULT_MAX_BYTES else None
+
+    async def _record_answer_prefix(self, turn_id: str, record: dict[str, Any]) -> bool:
+        """The serial path's prefix record, on its own: recorded already (another turn gave the same answer to the
+        same conversation) is fine, first writer wins. False when it could not be written (the waiter records it)."""
+        try:
+            await self.backends.append(record["streamId"], record["events"], expected=record["expectedVersion"])
+        except RemoteError as exc:
+            if exc.code not in ("version-conflict", "event-id-conflict"):
+                log.warning("gateway-prefix-not-recorded", turn_id=turn_id, error=str(exc)[:300])
+                return False
+        return True
 
     async def _release_provisional(self, turn_id: str) -> None:
         await release_provisional(self.backends, turn_id)

@@ -40,6 +40,7 @@ class CompleteTurnRequest(PersistCompleteTurnRequest):
     usage: JSON | None = None
     metadata: JSON | None = None
     turnAppend: AppendRequest | None = None  # the turn's own events, in the same commit (persist_lane)
+    alsoAppend: Annotated[list[AppendRequest], Field(max_length=16, min_length=1)] | None = None  # other streams
 
 
 class StoredEvent(RecordedEvent):

@@ -22,7 +22,8 @@
 
 With ``turnAppend`` (the turn's own events, e.g. its last StepServed and TurnCompleted) step 4's append carries them
 too: both streams in ONE transaction (``EventStore.append_batch``), so a turn's end is one commit — stored whole or
-not at all, a retry of the whole request a no-op. They are checked before any blob is written.
+not at all, a retry of the whole request a no-op. ``alsoAppend`` adds other streams' appends to the same commit
+(a gateway answer's prefix record). They are checked before any blob is written.
 
 Outputs the in-flight lane already offloaded (typed ``offload`` with a sha256) are stored as they are; their
 blob gets a ``tool_output`` reference owned by the message (``ctx.blob.ref``, promoted from the turn's
@@ -129,6 +130,7 @@ class PersistLane:
     async def complete_turn(self, req: CompleteTurnRequest) -> PersistCompleteTurnReply:
         cid, turn_id = req.conversationId, req.turnId
         turn_part = self._turn_part(req)  # refused before anything is written
+        also_parts = self._also_parts(req)
         messages: list[dict[str, Any]] = await asyncio.gather(
             *(self.blobs.resolve_parts(cid, m) for m in req.messages))
         threshold = persist_threshold(req.settings.truncateThreshold if req.settings is not None else None)
@@ -167,7 +169,8 @@ class PersistLane:
             conv_part = AppendPart(stream, req.expectedVersion, self.to_events(
                 [AppendEvent.model_validate(e) for e in events], stream))
             try:
-                results = await self.store.append_batch([conv_part] if turn_part is None else [conv_part, turn_part])
+                parts = [conv_part, *([turn_part] if turn_part is not None else []), *also_parts]
+                results = await self.store.append_batch(parts)
             except (Conflict, InvalidPayload) as exc:
                 log.warning("complete-turn-refused", conversation=cid, turn=turn_id, code=exc.code,
                             error=exc.message[:300])
@@ -175,7 +178,7 @@ class PersistLane:
                     await self._release_unstored(cid, owners)
                 raise
             result = results[0]
-            if any(r["duplicates"] < len(p.events) for r, p in zip(results, [conv_part, turn_part], strict=False)):
+            if any(r["duplicates"] < len(p.events) for r, p in zip(results, parts, strict=True)):
                 self.on_appended()
             elif writes:
                 await self._release_unused(result["positions"], writes, uris, cid)
@@ -185,6 +188,8 @@ class PersistLane:
         out: dict[str, Any] = {"append": result, "threshold": threshold, "parts": report}
         if turn_part is not None:
             out["turnAppend"] = results[1]
+        if also_parts:
+            out["alsoAppend"] = results[len(results) - len(also_parts):]
         if self.promote_inflight_refs:
             out["references"] = {"promoted": promoted, "failed": failed_refs}
         return PersistCompleteTurnReply.model_validate(out)
@@ -201,6 +206,24 @@ class PersistLane:
             return AppendPart(extra.streamId, extra.expectedVersion, self.to_events(extra.events, extra.streamId))
         except InvalidPayload as exc:
             raise InvalidPayload(f"turnAppend: {exc.message}", details=exc.details) from exc
+
+    def _also_parts(self, req: CompleteTurnRequest) -> list[AppendPart]:
+        """The request's appends to other streams, after the turn's in the one commit: never the conversation's or
+        the turn's stream, each stream once."""
+        seen = {conversation_stream(req.conversationId), turn_stream(req.turnId)}
+        parts: list[AppendPart] = []
+        for g, extra in enumerate(req.alsoAppend or []):
+            if extra.streamId in seen:
+                raise InvalidPayload(f"alsoAppend/{g}: stream {extra.streamId!r} is the conversation's, the turn's "
+                                     "or named twice", details={"groupIndex": g, "streamId": extra.streamId})
+            seen.add(extra.streamId)
+            try:
+                parts.append(AppendPart(extra.streamId, extra.expectedVersion,
+                                        self.to_events(extra.events, extra.streamId)))
+            except InvalidPayload as exc:
+                raise InvalidPayload(f"alsoAppend/{g}: {exc.message}",
+                                     details={**(exc.details or {}), "groupIndex": g}) from exc
+        return parts
 
     async def _release_unused(self, positions: Sequence[int], writes: Sequence[BlobWrite],
                               uris: Sequence[str | None], conversation_id: str) -> None:

@@ -69,6 +69,12 @@ class PersistCompleteTurnReply(ContractModel):
             description="the request's turnAppend, stored in the same commit as append (present only when it was requested)"
         ),
     ] = None
+    alsoAppend: Annotated[
+        list[ctx_persist_append_reply.PersistAppendReply] | None,
+        Field(
+            description="the request's alsoAppend, one reply per group in its order, stored in the same commit (present only when it was requested)"
+        ),
+    ] = None
     threshold: Annotated[int, Field(description="the persist threshold applied", ge=0)]
     parts: list[Part]
     references: Annotated[

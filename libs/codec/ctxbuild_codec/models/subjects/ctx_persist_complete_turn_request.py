@@ -65,3 +65,11 @@ class PersistCompleteTurnRequest(ContractModel):
             description="optional: events of the turn's own stream (streamId turn:<turnId>, e.g. the last StepServed and the terminal TurnCompleted) appended in the SAME transaction as the AssistantMessageCompleted events (ctx.persist.append_batch's rules): both or neither, so the turn's end is one commit. A conflict on either stream stores nothing. Absent: the conversation's events alone, as before."
         ),
     ] = None
+    alsoAppend: Annotated[
+        list[ctx_persist_append_request.PersistAppendRequest] | None,
+        Field(
+            description="optional: appends to other streams (neither the conversation's nor the turn's; distinct) in the same commit, after the turn's events, each by ctx.persist.append's rules — e.g. a gateway answer's prefix record (a stream that must not exist yet). A conflict on any of them stores nothing of the request.",
+            max_length=16,
+            min_length=1,
+        ),
+    ] = None
