@@ -36,13 +36,24 @@ from .worker import WakeableWorker
 log = structlog.get_logger("outbox")
 
 # RELAXED (set in the claim, no extra round trip): a mark lost in a crash only republishes rows, which JetStream
-# drops as duplicates
+# drops as duplicates.
+# The claim's cost must not grow with the log. Its pending rows come first (the partial index, LIMIT), then one
+# events_pkey probe per row: a LATERAL subquery with LIMIT is never flattened into a join, and as a join the
+# generic plan of this prepared statement (LIMIT $1 unknown, so priced as a tenth of the pending rows) was a merge
+# join that walked events_pkey from the log's first position on every round.
+# CUSTOM_PLANS (transaction-local): the round's later statements are planned with their values. The cached generic
+# plan of the mark, made while persistence.outbox was small, seq-scanned the whole table on every round until an
+# ANALYZE invalidated it.
+CUSTOM_PLANS = "(SELECT set_config('plan_cache_mode', 'force_custom_plan', true)) AS custom_plans"
 _CLAIM = (
     "SELECT o.position, e.stream_id, e.version, e.event_id, e.type, e.data::text AS data, "
     "       e.metadata::text AS metadata, e.recorded_at "
-    "FROM " + RELAXED + ", (SELECT pg_try_advisory_xact_lock($2) AS mine) AS relay, "
-    "     persistence.outbox o JOIN persistence.events e ON e.position = o.position "
-    "WHERE relay.mine AND o.published_at IS NULL ORDER BY o.position LIMIT $1"
+    "FROM " + RELAXED + ", " + CUSTOM_PLANS + ", (SELECT pg_try_advisory_xact_lock($2) AS mine) AS relay, "
+    "     LATERAL (SELECT p.position FROM persistence.outbox p WHERE relay.mine AND p.published_at IS NULL "
+    "              ORDER BY p.position LIMIT $1) AS o, "
+    "     LATERAL (SELECT x.stream_id, x.version, x.event_id, x.type, x.data, x.metadata, x.recorded_at "
+    "              FROM persistence.events x WHERE x.position = o.position LIMIT 1) AS e "
+    "ORDER BY o.position"
 )
 RELAY_LOCK = 0x6374785F72656C61  # 'ctx_rela': the one relaying replica
 MAX_PENDING = 4000  # publishes in flight on the relay's JetStream context (nats-py's default)
