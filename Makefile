@@ -148,8 +148,8 @@ images:  ## build one image per service from the one Dockerfile (needs a Docker 
 		docker build --build-arg SERVICE=$$s -t $$img . || exit 1; \
 	done
 
-lint: sync  ## ruff over libs, services, tests and bench (the rules: pyproject.toml [tool.ruff])
-	$(PY) -m ruff check libs services tests bench
+lint: sync  ## ruff over libs, services, tests, bench and infra (the rules: pyproject.toml [tool.ruff])
+	$(PY) -m ruff check libs services tests bench infra
 
 clean: down
 	rm -rf $(STACK_DIR) .venv $(TOOLS)

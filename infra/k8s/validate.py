@@ -558,7 +558,8 @@ def check_references(objs: Index) -> list[str]:
         names = {p.get("name") for c in pod_spec(hits[0])["containers"] for p in c.get("ports") or []}
         for p in svc["spec"]["ports"]:
             if isinstance(p.get("targetPort"), str) and p["targetPort"] not in names:
-                errors.append(f"{where}: targetPort {p['targetPort']} is no named port of {hits[0]['metadata']['name']}")
+                owner = hits[0]["metadata"]["name"]
+                errors.append(f"{where}: targetPort {p['targetPort']} is no named port of {owner}")
     for pdb in objs.kind("PodDisruptionBudget"):
         where = f"PodDisruptionBudget/{pdb['metadata']['name']}"
         hits = [w for w in objs.kind("Deployment") if labels_match(pdb["spec"]["selector"], pod_labels(w))]
@@ -742,7 +743,7 @@ def nats_errors(skip_live: bool = False) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="ctx-nats-") as tmp:
         conf = Path(tmp) / "nats.conf"
         conf.write_text(natsauth.nats_conf(values, port=4222, store_dir=str(Path(tmp) / "js")))
-        env = {var: "x" for var in natsauth.password_vars(values).values()}
+        env = dict.fromkeys(natsauth.password_vars(values).values(), "x")
         proc = subprocess.run([tool("nats-server"), "-t", "-c", str(conf)], env=env, capture_output=True, text=True,
                               check=False)
         if proc.returncode:
