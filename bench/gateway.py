@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 from ctxbuild_codec.tokens import count_text
 from ctxbuild_devstack import free_port, private_stack
+from proc_cpu import CpuGroup  # a sibling module (run from bench/)
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -89,6 +90,11 @@ DEFINITIONS = {
              "the ctxbuild stack, own schema; non-streamed only (the floor skips streaming)",
     "floor_overhead_ratio_vs_litellm_p50": "floor's non-streamed overhead p50 / LiteLLM's, same rounds",
     "overhead_ratio_vs_floor_p50": "ctxbuild's non-streamed overhead p50 / the floor's, same rounds",
+    "cpu": "small.cpu: per target, CPU ms (user + system, children included) per small non-streamed request, "
+           "measured with that target alone (--census requests each, after the interleaved rounds), per process "
+           "group it touches: the shared upstream, and the gateway's own processes (ctxbuild: its six services, "
+           "NATS, Postgres, SeaweedFS; floor: its process, Postgres, SeaweedFS; LiteLLM: its process). "
+           "added_cpu_ms_per_request = total minus direct's (the upstream's share)",
     "readback_ok": "every client tool output ctxbuild served trimmed (a <persisted-output> marker in the upstream "
                    "request) was read back in full through the gateway: the model's fs_read pages joined back to "
                    "the client's output, same length and sha256",
@@ -237,6 +243,28 @@ def small(targets: dict[str, Target], rounds: int, progress: Progress, task: Any
         progress.advance(task)
     return {"rounds": rounds, "latency_ms": {n: {m: pct(v) for m, v in lat[n].items()} for n in names},
             "overhead_ms": overheads(lat)}
+
+
+def census(targets: dict[str, Target], groups: dict[str, dict[str, list[int]]], n: int, progress: Progress,
+             task: Any) -> dict[str, Any]:
+    """CPU per request, target by target: ``n`` small non-streamed requests to one target alone while the CPU
+    time of every process that request touches is read before and after (``groups``: per target, process group →
+    pids, children included). Where a gateway's overhead goes when the machine's cores are the limit: the
+    latency of a chain of processes cannot fall below its CPU spread over the cores it can use."""
+    out: dict[str, Any] = {}
+    for name, target in targets.items():
+        procs = {g: CpuGroup(pids) for g, pids in groups[name].items()}
+        before = {g: c.seconds() for g, c in procs.items()}
+        for i in range(n):
+            target.post({"model": MODEL, "max_tokens": 32,
+                         "messages": [{"role": "user", "content": f"Say hello (census {i}, {name})."}]})
+            progress.advance(task)
+        ms = {g: round((c.seconds() - before[g]) / n * 1000, 2) for g, c in procs.items()}
+        out[name] = {"cpu_ms_per_request": ms, "total_cpu_ms_per_request": round(sum(ms.values()), 2)}
+    up = out.get("direct", {}).get("total_cpu_ms_per_request", 0.0)
+    for v in out.values():  # what the gateway's own processes add to the upstream's share
+        v["added_cpu_ms_per_request"] = round(v["total_cpu_ms_per_request"] - up, 2)
+    return {"requests_per_target": n, "targets": out}
 
 
 def overheads(lat: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
@@ -429,6 +457,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result_small["ctxbuild_reported_overhead_ms"] = pct(
                 [float(h["x-ctx-overhead-ms"]) for h in targets["ctxbuild"].headers if "x-ctx-overhead-ms" in h]
             ) if "ctxbuild" in targets else None
+            groups: dict[str, dict[str, list[int]]] = {"direct": {"upstream": [fake.pid]}}
+            if "litellm" in targets:
+                groups["litellm"] = {"upstream": [fake.pid], "litellm": [ll.pid]}
+            if "ctxbuild" in targets:
+                groups["ctxbuild"] = {"upstream": [fake.pid], **{
+                    name: [info["pid"]] for name, info in st.procs.items()}}
+            if "floor" in targets:
+                groups["floor"] = {"upstream": [fake.pid], "floor": [fl.pid], **{
+                    name: [st.procs[name]["pid"]] for name in ("postgres", "s3")}}
+            t_cpu = progress.add_task("CPU per request, one target at a time", total=args.census * len(targets))
+            result_small["cpu"] = census(targets, groups, args.census, progress, t_cpu)
             t_conv = progress.add_task(f"(b) {args.steps}-step conversation, steps", total=args.steps + 1)
             t_rb = progress.add_task("(b) read-back through the gateway", total=None)
             result_conv = conversation(targets, upstream, args.steps, progress, t_conv, t_rb)
@@ -442,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fl_p50 = o["floor"]["nonstream"]["p50"]
             result_small["floor_postgres"] = floor_postgres
             # the floor did the durable work it is credited with: one answered turn and one object per request
-            sent = args.warmup + args.rounds
+            sent = args.warmup + args.rounds + args.census
             written = httpx.get(f"http://127.0.0.1:{fl_port}/written", timeout=30).json()
             result_small["floor_written"] = {**written, "requests": sent}
             if written != {"turns_answered": sent, "s3_objects": sent}:
@@ -463,6 +502,8 @@ def main() -> None:
                     help="rounds of the small request (each: every target non-streamed, then streamed but the floor)")
     ap.add_argument("--steps", type=int, default=40, help="client-tool steps of the conversation")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--census", type=int, default=200,
+                    help="small requests per target for the CPU census (CPU times tick at 10 ms)")
     ap.add_argument("--targets", nargs="+", default=list(GATEWAYS), choices=list(GATEWAYS),
                     help="gateways to measure beside direct (development)")
     args = ap.parse_args()
@@ -481,7 +522,9 @@ def main() -> None:
             "small_overhead_ms_p50": {g: v["nonstream"]["p50"] for g, v in small_r["overhead_ms"].items()},
             "conversation_overhead_ms_p50_last_byte": {g: v["stream_last_byte"]["p50"]
                                                        for g, v in conv["overhead_ms"].items()},
-            "served_over_raw_tokens": conv.get("served_over_raw_tokens"), "readback_ok": conv.get("readback_ok")},
+            "served_over_raw_tokens": conv.get("served_over_raw_tokens"), "readback_ok": conv.get("readback_ok"),
+            "small_added_cpu_ms_per_request": {g: v["added_cpu_ms_per_request"]
+                                               for g, v in small_r["cpu"]["targets"].items() if g != "direct"}},
         "definitions": DEFINITIONS,
     }
     out = {**head, **result, "seconds": round(time.perf_counter() - t0, 1), "environment": {
