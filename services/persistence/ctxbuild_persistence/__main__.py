@@ -58,7 +58,7 @@ def build(settings: Settings) -> AsgiFastStream:
         relay.wake()
         projector.wake()
 
-    store = EventStore(db)
+    store = EventStore(db, writers=settings.append_writers)
     blob_client = BlobClient(RpcClient(broker, default_timeout=settings.request_timeout_s),
                              timeout_s=settings.lane_blob_timeout_s)
     blobs = LaneBlobs(blob_client, concurrency=settings.lane_blob_concurrency)
@@ -92,8 +92,12 @@ def build(settings: Settings) -> AsgiFastStream:
                    on_startup=[open_database],
                    after_startup=[relay.start, projector.start],
                    on_shutdown=[relay.stop, projector.stop])
+    async def close_store() -> None:
+        await store.close()  # an append still waiting (the drain timed out) is answered before the pool goes
+        await db.close()
+
     # the pool closes only after FastStream has drained in-flight handlers (broker.stop runs after on_shutdown)
-    app.after_shutdown(db.close)
+    app.after_shutdown(close_store)
     return app
 
 

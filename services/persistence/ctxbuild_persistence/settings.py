@@ -5,6 +5,8 @@ from __future__ import annotations
 from ctxbuild_platform.settings import ServiceSettings
 from pydantic import Field, SecretStr
 
+from .adapters.event_store import APPEND_WRITERS
+
 
 class Settings(ServiceSettings):
     service_name: str = "persistence"
@@ -14,6 +16,13 @@ class Settings(ServiceSettings):
     db_pool_max_size: int = Field(10, ge=1)
     db_connect_timeout_s: float = Field(60.0, description="start-up: how long to wait for Postgres")
     migrate_on_start: bool = Field(True, description="apply yoyo migrations at start-up")
+    append_writers: int = Field(
+        APPEND_WRITERS, ge=1, le=64, description="event store: groups of appends written at once, each one "
+        "statement and one commit on a pooled connection of its own (their commits overlap; requests sharing a "
+        "stream never go in concurrent groups; a group goes beside another only with 8 requests or more). 1 where "
+        "Postgres shares the service's cores (more did not raise events/s there and cost CPU per event, "
+        "docs/scaling.md); more where commits wait on a slow WAL flush. Keep it below db_pool_max_size: reads, "
+        "the relay and the projector take connections too")
 
     events_stream: str = Field("CTX_EVENTS", description="JetStream stream the outbox relay publishes to")
     events_subject_prefix: str = Field("ctx.evt", description="events go to <prefix>.<Type>")

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from ctxbuild_platform.errors import Conflict, InvalidPayload
+from ctxbuild_platform.errors import Conflict, DependencyUnavailable, InvalidPayload
 from ctxbuild_platform.postgres import postgres_errors
 
 from ..domain.append import AppendPlan, NewEvent, StoredRef, plan_append
@@ -180,6 +180,14 @@ _GROUP_APPEND = (
     "ORDER BY cur.i, ins.version")
 GROUP_MAX_REQUESTS = 64  # parts (streams) per statement
 GROUP_MAX_EVENTS = 2000
+# groups written at once, at most (CTX_APPEND_WRITERS). 1 on a box where Postgres shares the cores with the
+# service: more writers did not raise events/s there and cost more CPU per event (docs/scaling.md); more pay where
+# commits wait on a slow WAL flush rather than on CPU
+APPEND_WRITERS = 1
+# a group written beside another one holds at least this many requests: small concurrent groups cost a statement and
+# a commit each (with every free writer taking what was queued, commits per event rose fivefold and events/s fell),
+# so a second group starts only once enough has queued behind the first
+CONCURRENT_GROUP_MIN = 8
 
 
 @dataclass(frozen=True)
@@ -196,17 +204,29 @@ class AppendPart:
 class _Pending:
     parts: list[AppendPart]
     done: asyncio.Future
+    streams: frozenset[str]
+    size: int  # events
 
 
 class EventStore:
-    """Appends that arrive while one is being written are written together, in one statement and one commit
+    """Appends that arrive while groups are being written are written together, in one statement and one commit
     (group commit: concurrent appends cost one round trip and one WAL flush between them, not one each); an
-    append alone is written at once. A batch of parts on several streams is one such request: all or nothing."""
+    append alone is written at once. Up to ``writers`` groups are written at once, each on its own connection
+    (their commits overlap and Postgres flushes their WAL together); a group goes beside others only when it holds
+    ``concurrent_min`` requests, else they wait for the next free writer. A request that shares a stream with a
+    group in flight, or with an earlier request still waiting, waits for a later group, so a stream's versions are
+    read after the earlier write and its requests are written in arrival order. A batch of parts on several streams is
+    one such request: all or nothing."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, writers: int = APPEND_WRITERS,
+                 concurrent_min: int = CONCURRENT_GROUP_MIN) -> None:
         self.db = db
+        self.writers = max(1, writers)
+        self.concurrent_min = max(1, concurrent_min)
         self._queue: list[_Pending] = []
-        self._writer: asyncio.Task | None = None
+        self._busy: set[str] = set()  # streams of the groups in flight (disjoint: see _take_group)
+        self._inflight: dict[asyncio.Task, list[_Pending]] = {}  # writer → the group it writes
+        self._closed = False
 
     async def append(self, stream_id: str, expected_version: int | None, events: list[NewEvent]) -> dict[str, Any]:
         """Store ``events`` on ``stream_id`` (rules: :mod:`..domain.append`)."""
@@ -217,11 +237,13 @@ class EventStore:
         part whose version or event ids conflict raises and nothing is stored). One statement (grouped with
         concurrent appends) when the request is new and the versions match; otherwise the exact answer from
         :meth:`_append_checked`. Stream ids must be distinct (the caller checks)."""
+        if self._closed:
+            raise DependencyUnavailable("the event store is shutting down; retry")
         if all(p.expected_version is None or 0 <= p.expected_version <= FAST_PATH_VERSIONS for p in parts):
-            pending = _Pending(parts, asyncio.get_running_loop().create_future())
+            pending = _Pending(parts, asyncio.get_running_loop().create_future(),
+                               frozenset(x.stream_id for x in parts), sum(len(x.events) for x in parts))
             self._queue.append(pending)
-            if self._writer is None or self._writer.done():
-                self._writer = asyncio.create_task(self._write_groups(), name="event-store-group-append")
+            self._dispatch()
             async with db_errors():
                 results = await pending.done
             if results is not None:
@@ -234,42 +256,92 @@ class EventStore:
         raise Conflict(f"concurrent appends to {', '.join(map(repr, streams))} kept winning; retry", retryable=True,
                        details={"streamId": streams[0]} if len(streams) == 1 else {"streamIds": streams})
 
+    async def close(self) -> None:
+        """Stop the writers; every waiting append (queued or in a group in flight) gets a retryable
+        ``unavailable`` (a group cut short may have committed: its retry finds the ids stored)."""
+        self._closed = True
+        writers = list(self._inflight)
+        for task in writers:
+            task.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
+        # a writer cancelled before its first step never ran its handler: its group is still listed
+        self._fail_all([p for group in self._inflight.values() for p in group])
+        self._inflight.clear()
+
+    def _dispatch(self) -> None:
+        """Start writers while one is free and a group can be formed (any size when no group is in flight)."""
+        while len(self._inflight) < self.writers:
+            group = self._take_group(1 if not self._inflight else self.concurrent_min)
+            if not group:
+                return
+            task = asyncio.get_running_loop().create_task(self._write_groups(), name="event-store-group-append")
+            self._inflight[task] = group
+
+    def _take_group(self, least: int) -> list[_Pending]:
+        """Take a group of at least ``least`` requests off the queue (in arrival order, within the size limits) and
+        mark its streams busy; none when fewer can go. A request touching a stream busy in flight, already in the
+        group or of an earlier request left waiting stays queued: the groups in flight never share a stream, and a
+        stream's requests are written in order."""
+        group: list[_Pending] = []
+        rest: list[_Pending] = []
+        held = set(self._busy)
+        taken: set[str] = set()
+        n_parts = n_events = 0
+        for p in self._queue:
+            if p.streams & held or p.streams & taken or (group and (
+                    n_parts + len(p.parts) > GROUP_MAX_REQUESTS or n_events + p.size > GROUP_MAX_EVENTS)):
+                rest.append(p)
+                held |= p.streams
+            else:
+                group.append(p)
+                taken |= p.streams
+                n_parts += len(p.parts)
+                n_events += p.size
+        if len(group) < least:
+            return []
+        self._queue = rest
+        self._busy |= taken
+        return group
+
     async def _write_groups(self) -> None:
-        """Until the queue is empty: take a group (one part per stream — a request touching a stream already in the
-        group waits for the next group, so versions are read after the first is written), write it, answer each
-        request."""
-        while self._queue:
-            group: list[_Pending] = []
-            rest: list[_Pending] = []
-            streams: set[str] = set()
-            n_parts = n_events = 0
-            for p in self._queue:
-                mine = {x.stream_id for x in p.parts}
-                size = sum(len(x.events) for x in p.parts)
-                if group and (streams & mine or n_parts + len(p.parts) > GROUP_MAX_REQUESTS
-                              or n_events + size > GROUP_MAX_EVENTS):
-                    rest.append(p)
+        """Write this writer's group, answer each request, free its streams; then the next group the queue
+        holds, until there is none this writer may take. What is left waits for the writers still in flight: the
+        last one takes any group, and a request on a stream in flight can go once that writer has freed it."""
+        me = asyncio.current_task()
+        assert me is not None
+        try:
+            while True:
+                group = self._inflight[me]
+                try:
+                    results = await self._append_group(group)
+                except asyncio.CancelledError:  # shutting down: nobody is left to write the queue
+                    self._fail_all(group)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the failure; the loop goes on
+                    for p in group:
+                        if not p.done.done():
+                            p.done.set_exception(exc)
                 else:
-                    group.append(p)
-                    streams |= mine
-                    n_parts += len(p.parts)
-                    n_events += size
-            self._queue = rest
-            try:
-                results = await self._append_group(group)
-            except asyncio.CancelledError:  # shutting down: nobody is left to write the queue
-                for p in group + self._queue:
-                    if not p.done.done():
-                        p.done.cancel()
-                raise
-            except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the failure; the loop goes on
-                for p in group:
-                    if not p.done.done():
-                        p.done.set_exception(exc)
-                continue
-            for p, result in zip(group, results, strict=True):
-                if not p.done.done():
-                    p.done.set_result(result)
+                    for p, result in zip(group, results, strict=True):
+                        if not p.done.done():
+                            p.done.set_result(result)
+                finally:
+                    for p in group:
+                        self._busy -= p.streams
+                group = self._take_group(1 if len(self._inflight) == 1 else self.concurrent_min)
+                if not group:
+                    return
+                self._inflight[me] = group
+                self._dispatch()  # freed streams may let more than one group go
+        finally:
+            self._inflight.pop(me, None)
+
+    def _fail_all(self, group: list[_Pending]) -> None:
+        """``group`` and the queue: a retryable ``unavailable`` to each waiter."""
+        waiting, self._queue = group + self._queue, []
+        for p in waiting:
+            if not p.done.done():
+                p.done.set_exception(DependencyUnavailable("the event store is shutting down; retry"))
 
     async def _append_group(self, group: list[_Pending]) -> list[list[dict[str, Any]] | None]:
         """One statement for the group; per request its replies (one per part), or None when it needs the checked
