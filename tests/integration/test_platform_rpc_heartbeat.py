@@ -1,6 +1,6 @@
 """Heartbeats of long request/reply calls on a real NATS server (``RpcClient.call(..., heartbeat_s=…)`` against a
 ``LeanServer``): progress messages while the handler runs, the final reply last; a caller that hears nothing for
-the liveness window (a dead or silent responder, a request still waiting for a handler slot) gets a retryable
+the liveness window (a dead or silent responder, a request waiting past the bound of a busy replica) gets a retryable
 ``unavailable`` long before its timeout; no responders, the timeout and the claim check as without heartbeats."""
 
 from __future__ import annotations
@@ -157,21 +157,45 @@ async def test_a_silent_responder_is_unavailable_long_before_the_timeout(rpc, st
     await no_inbox_left(stack, nats_broker)
 
 
-async def test_a_request_waiting_for_a_handler_slot_gets_no_heartbeat(servers, rpc):
-    """The documented caveat: a busy replica (every ``max_workers`` slot taken) has not started the handler, so
-    the caller hears nothing and gives up as on a dead one."""
+async def test_a_request_waiting_for_a_handler_slot_hears_progress_and_is_served(servers, rpc):
+    """A busy replica (every ``max_workers`` slot taken) beats for a request waiting for a slot: its caller stays
+    (it would otherwise give up on a live replica, and the request run later for nobody), and it takes the next
+    free slot."""
     gate = Gate()
     await servers.add(gate.handle, max_workers=1)
     first = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=60, heartbeat_s=BEAT))
+    second = None
     try:
         await asyncio.wait_for(gate.entered.wait(), 10)
-        with pytest.raises(RemoteError) as waiting:
-            await rpc.call(SUBJECT, {"n": 2}, timeout=600, heartbeat_s=BEAT)
-        assert waiting.value.code == "unavailable" and "silent" in waiting.value.remote_message
-        assert not first.done()  # the running one is kept alive by its heartbeats
+        second = asyncio.create_task(rpc.call(SUBJECT, {"n": 2}, timeout=60, heartbeat_s=BEAT))
+        await asyncio.sleep(6 * BEAT)  # twice the liveness window
+        assert not second.done() and gate.running == 1  # waiting, heard, not yet run
     finally:
         gate.release.set()
     assert await asyncio.wait_for(first, 10) == {"n": 1}
+    assert await asyncio.wait_for(second, 10) == {"n": 2}
+    assert gate.most == 1  # the slot bound holds
+
+
+async def test_past_max_workers_waiting_a_request_is_unheard_and_given_up(servers, rpc):
+    """The bound: ``max_workers`` requests wait beating; one more waits unheard, like any request on a busy
+    replica, and its caller gives up after the liveness window."""
+    gate = Gate()
+    await servers.add(gate.handle, max_workers=1)
+    first = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=60, heartbeat_s=BEAT))
+    second = None
+    try:
+        await asyncio.wait_for(gate.entered.wait(), 10)
+        second = asyncio.create_task(rpc.call(SUBJECT, {"n": 2}, timeout=60, heartbeat_s=BEAT))
+        await asyncio.sleep(BEAT)  # the second is waiting (beating) before the third arrives
+        with pytest.raises(RemoteError) as third:
+            await rpc.call(SUBJECT, {"n": 3}, timeout=600, heartbeat_s=BEAT)
+        assert third.value.code == "unavailable" and "silent" in third.value.remote_message
+        assert not first.done() and not second.done()
+    finally:
+        gate.release.set()
+    assert await asyncio.wait_for(first, 10) == {"n": 1}
+    assert await asyncio.wait_for(second, 10) == {"n": 2}
 
 
 async def test_no_responders_is_unavailable_as_without_heartbeats(rpc, stack, nats_broker):

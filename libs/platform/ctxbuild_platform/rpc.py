@@ -16,8 +16,9 @@ Heartbeats (opt-in per call, for calls that may take long, e.g. a model call): `
 ``Ctx-Heartbeat: s`` and waits on an inbox of its own; the server publishes an empty ``Ctx-Progress`` message there
 every ``s`` seconds while the handler runs, and the final reply last. A caller that hears nothing for
 ``LIVENESS_BEATS * s`` gives up with a retryable ``unavailable`` (the replica died with the request) instead of
-waiting out the whole timeout. A request still waiting for a ``max_workers`` slot on a busy replica has no running
-handler, so no heartbeat: past the liveness window it is given up the same way (and may still run later).
+waiting out the whole timeout. A request waiting for a ``max_workers`` slot on a busy replica is beaten for too (up
+to ``max_workers`` such requests per subscription wait this way, each taking the next free slot); only one past
+that bound waits unheard, like any request, and is given up after the liveness window (it may still run later).
 
 Both sides claim-check payloads over the inline limit (:mod:`ctxbuild_platform.claims`): a large request travels
 as a ``Ctx-Claim`` header and is resolved before validation, a large reply as ``{"claim": …}`` resolved by the
@@ -32,6 +33,7 @@ import inspect
 import math
 import typing
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -229,6 +231,8 @@ class LeanServer:
         self.subscription: Subscription | None = None
         self._slots: asyncio.Semaphore | None = None
         self._inflight: set[asyncio.Task] = set()
+        # requests asking for heartbeats that wait for a slot, beating meanwhile (at most max_workers of them)
+        self._waiting: deque[tuple[Msg, asyncio.Task]] = deque()
 
     async def start(self, connection: Client) -> None:
         if self.subscription is not None:
@@ -238,14 +242,29 @@ class LeanServer:
         self.subscription = await connection.subscribe(self.subject, queue=self.queue, cb=self._deliver)
 
     async def _deliver(self, msg: Msg) -> None:
-        assert self._slots is not None
+        assert self._slots is not None and self.connection is not None
+        every = heartbeat_interval(msg.headers) if msg.reply else None
+        if every is not None and self._slots.locked() and len(self._waiting) < self.max_workers:
+            # its caller listens for progress: it hears it while the request waits for a slot (silence would make
+            # it give up on a live replica, and the request run later for nobody); it takes the next free slot
+            beat = asyncio.get_running_loop().create_task(_beat(self.connection, msg.reply, every))
+            self._waiting.append((msg, beat))
+            return
         await self._slots.acquire()  # the subscription's next delivery waits for a free slot
+        self._start(msg)
+
+    def _start(self, msg: Msg) -> None:
         task = asyncio.get_running_loop().create_task(self._serve(msg))
         self._inflight.add(task)
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
         self._inflight.discard(task)
+        if self._waiting:  # the slot passes to the request that has waited longest, beating
+            msg, beat = self._waiting.popleft()
+            beat.cancel()  # _serve beats from here on
+            self._start(msg)
+            return
         assert self._slots is not None
         self._slots.release()
 
@@ -301,10 +320,15 @@ class LeanServer:
                 await asyncio.wait_for(sub.drain(), max(0.0, deadline - loop.time()))
             except Exception as exc:  # noqa: BLE001 - closed connection or timeout: nothing more will arrive
                 log.info("subscription-not-drained", subject=self.subject, error=f"{type(exc).__name__}: {exc}")
-        if self._inflight:
-            _, pending = await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - loop.time()))
-            if pending:
-                log.warning("drain-timeout", subject=self.subject, in_flight=len(pending))
+        # the in-flight handlers, and the waiting requests each slot they free passes to
+        while self._inflight and loop.time() < deadline:
+            await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        if self._inflight or self._waiting:
+            log.warning("drain-timeout", subject=self.subject, in_flight=len(self._inflight),
+                        waiting=len(self._waiting))
+            while self._waiting:  # never started: their callers stop hearing progress and go elsewhere
+                self._waiting.popleft()[1].cancel()
 
 
 @dataclass
