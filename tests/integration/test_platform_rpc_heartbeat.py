@@ -157,17 +157,22 @@ async def test_a_silent_responder_is_unavailable_long_before_the_timeout(rpc, st
     await no_inbox_left(stack, nats_broker)
 
 
+async def one_running_one_waiting(servers, rpc, gate: Gate) -> tuple[asyncio.Task, asyncio.Task]:
+    """A replica with one handler slot: the first call runs (held by ``gate``), the second waits for the slot."""
+    await servers.add(gate.handle, max_workers=1)
+    first = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=60, heartbeat_s=BEAT))
+    await asyncio.wait_for(gate.entered.wait(), 10)
+    second = asyncio.create_task(rpc.call(SUBJECT, {"n": 2}, timeout=60, heartbeat_s=BEAT))
+    return first, second
+
+
 async def test_a_request_waiting_for_a_handler_slot_hears_progress_and_is_served(servers, rpc):
     """A busy replica (every ``max_workers`` slot taken) beats for a request waiting for a slot: its caller stays
     (it would otherwise give up on a live replica, and the request run later for nobody), and it takes the next
     free slot."""
     gate = Gate()
-    await servers.add(gate.handle, max_workers=1)
-    first = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=60, heartbeat_s=BEAT))
-    second = None
     try:
-        await asyncio.wait_for(gate.entered.wait(), 10)
-        second = asyncio.create_task(rpc.call(SUBJECT, {"n": 2}, timeout=60, heartbeat_s=BEAT))
+        first, second = await one_running_one_waiting(servers, rpc, gate)
         await asyncio.sleep(6 * BEAT)  # twice the liveness window
         assert not second.done() and gate.running == 1  # waiting, heard, not yet run
     finally:
@@ -181,12 +186,8 @@ async def test_past_max_workers_waiting_a_request_is_unheard_and_given_up(server
     """The bound: ``max_workers`` requests wait beating; one more waits unheard, like any request on a busy
     replica, and its caller gives up after the liveness window."""
     gate = Gate()
-    await servers.add(gate.handle, max_workers=1)
-    first = asyncio.create_task(rpc.call(SUBJECT, {"n": 1}, timeout=60, heartbeat_s=BEAT))
-    second = None
     try:
-        await asyncio.wait_for(gate.entered.wait(), 10)
-        second = asyncio.create_task(rpc.call(SUBJECT, {"n": 2}, timeout=60, heartbeat_s=BEAT))
+        first, second = await one_running_one_waiting(servers, rpc, gate)
         await asyncio.sleep(BEAT)  # the second is waiting (beating) before the third arrives
         with pytest.raises(RemoteError) as third:
             await rpc.call(SUBJECT, {"n": 3}, timeout=600, heartbeat_s=BEAT)

@@ -232,7 +232,7 @@ class LeanServer:
         self._slots: asyncio.Semaphore | None = None
         self._inflight: set[asyncio.Task] = set()
         # requests asking for heartbeats that wait for a slot, beating meanwhile (at most max_workers of them)
-        self._waiting: deque[tuple[Msg, asyncio.Task]] = deque()
+        self._waiting: deque[tuple[Msg, float, asyncio.Task]] = deque()
 
     async def start(self, connection: Client) -> None:
         if self.subscription is not None:
@@ -248,33 +248,33 @@ class LeanServer:
             # its caller listens for progress: it hears it while the request waits for a slot (silence would make
             # it give up on a live replica, and the request run later for nobody); it takes the next free slot
             beat = asyncio.get_running_loop().create_task(_beat(self.connection, msg.reply, every))
-            self._waiting.append((msg, beat))
+            self._waiting.append((msg, every, beat))
             return
         await self._slots.acquire()  # the subscription's next delivery waits for a free slot
-        self._start(msg)
+        self._start(msg, every)
 
-    def _start(self, msg: Msg) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve(msg))
+    def _start(self, msg: Msg, every: float | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(msg, every))
         self._inflight.add(task)
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
         self._inflight.discard(task)
         if self._waiting:  # the slot passes to the request that has waited longest, beating
-            msg, beat = self._waiting.popleft()
+            msg, every, beat = self._waiting.popleft()
             beat.cancel()  # _serve beats from here on
-            self._start(msg)
+            self._start(msg, every)
             return
         assert self._slots is not None
         self._slots.release()
 
-    async def _serve(self, msg: Msg) -> None:
+    async def _serve(self, msg: Msg, every: float | None) -> None:
+        """Handle one request and reply; ``every``: the progress interval its caller asked for (None: no beats)."""
         span, ctx = consume_span(self.subject, msg.headers)
         token = otel_context.attach(ctx)
         try:
             connection = self.connection
             assert connection is not None
-            every = heartbeat_interval(msg.headers) if msg.reply else None
             beating = None if every is None else asyncio.get_running_loop().create_task(
                 _beat(connection, msg.reply, every))
             try:
@@ -328,7 +328,7 @@ class LeanServer:
             log.warning("drain-timeout", subject=self.subject, in_flight=len(self._inflight),
                         waiting=len(self._waiting))
             while self._waiting:  # never started: their callers stop hearing progress and go elsewhere
-                self._waiting.popleft()[1].cancel()
+                self._waiting.popleft()[2].cancel()
 
 
 @dataclass

@@ -214,8 +214,8 @@ class Gateway:
 
     async def start(self, who: Principal, req: GatewayRequest) -> Started:
         """Admit and queue the request's turn. The new messages' prefix records go in the admission's commit; when
-        a concurrent request recorded one of them first (nothing of this one was stored), the request is looked
-        up again and its records, if any are still new, are written beside the turn (first writer wins)."""
+        a concurrent request recorded one of them first (nothing of this one was stored), the request is started
+        again with the identity it looked up, its records written beside the turn (first writer wins)."""
         t0 = time.perf_counter()
         try:
             return await self._start(who, req, t0)
