@@ -242,7 +242,7 @@ def test_tool_supplied_names_stay_on_one_line_and_markers_are_capped():
 def test_original_is_promoted_and_kept_by_the_readers_of_offload():
     """The persist lane promotes it to a tool_output reference; compaction keeps its URI and markers."""
     from ctxbuild_codec.masking import masked_part as _masked_offloaded
-    from ctxbuild_compaction.domain.context import persisted_uris
+    from ctxbuild_codec.turn_start.context import persisted_uris
     from ctxbuild_persistence.app.persist_lane import _named_blobs, inflight_offloads
 
     output = mcp(BLOCKS["image"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from ctxbuild_codec import compaction_budget
 from ctxbuild_codec.tokens import count_message, count_messages
+from ctxbuild_codec.turn_start.summary_row import split_opening, summary_of_row, with_opening
 from ctxbuild_compaction.domain import (
     TurnStartSettings,
     after_clear,
@@ -23,7 +24,6 @@ from ctxbuild_compaction.domain import (
     summary_row,
     summary_row_text,
 )
-from ctxbuild_compaction.domain.summary_row import split_opening, summary_of_row, with_opening
 
 
 def extractive(fold):

@@ -8,10 +8,10 @@ import copy
 
 import pytest
 from ctxbuild_codec import trim_persist, vfs_uri
+from ctxbuild_codec.turn_start.summary_row import with_opening
 from ctxbuild_compaction.app import Compaction, Summarizers, in_loop, turn_start
 from ctxbuild_compaction.app.summarizers import Choice
 from ctxbuild_compaction.domain import FoldOutcome, stored_text, summary_row
-from ctxbuild_compaction.domain.summary_row import with_opening
 from ctxbuild_compaction.handlers import Handlers
 from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import RemoteError

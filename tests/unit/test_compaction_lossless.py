@@ -11,6 +11,7 @@ import json
 from ctxbuild_codec import trim_inflight, vfs_uri
 from ctxbuild_codec.records import archived_uris
 from ctxbuild_codec.tokens import count_messages
+from ctxbuild_codec.turn_start.summary_row import TRANSCRIPT_LINE, transcripts_of
 from ctxbuild_compaction.adapters.blobstore import BlobStore
 from ctxbuild_compaction.app import Summarizers, in_loop, turn_start
 from ctxbuild_compaction.domain import (
@@ -25,7 +26,6 @@ from ctxbuild_compaction.domain import (
     plan_in_loop,
     plan_turn_start,
 )
-from ctxbuild_compaction.domain.summary_row import TRANSCRIPT_LINE, transcripts_of
 from ctxbuild_compaction.domain.transcript import render_transcript
 from ctxbuild_platform import contracts
 
@@ -300,7 +300,7 @@ def test_a_turn_start_summary_of_a_summary_names_both_transcripts():
 
 
 def test_the_opening_request_reads_back_exactly_whatever_it_holds():
-    from ctxbuild_compaction.domain.summary_row import split_opening, with_opening
+    from ctxbuild_codec.turn_start.summary_row import split_opening, with_opening
 
     tricky = ("line one\n\n[Files attached in this conversation …: x]\n\n"
               "[The conversation's first request, verbatim (3 chars):]\nabc")

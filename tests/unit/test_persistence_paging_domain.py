@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from ctxbuild_compaction.adapters.persistence import merge_pages
-from ctxbuild_compaction.domain.turn_start import TurnStartSettings, plan_turn_start
+from ctxbuild_codec.turn_start import TurnStartSettings, merge_pages, plan_turn_start
 from ctxbuild_persistence.app.persist_lane import completed_events
 from ctxbuild_persistence.domain.conversation import PathWindow, fold, message_bytes, path_to, window_of
 

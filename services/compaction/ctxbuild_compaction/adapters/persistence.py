@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from ctxbuild_codec.turn_start import read_window
 from ctxbuild_platform.rpc import RpcClient
 
 # event ids of stored summaries are derived from (conversation, boundary): a retry, or a second replica folding
@@ -27,24 +28,12 @@ class History:
                       max_messages: int | None = None) -> dict[str, Any]:
         """What a turn start reads (`ctx.persist.history`, window ``turn-start``): the path from the deepest
         compaction boundary (or the last clear-context marker) to the anchor — or, with ``max_messages``, the
-        last rows back to a user row — following the byte-bounded pages. O(the window), not O(history). A
-        RemoteError (typed, with its retryable flag) propagates to our caller."""
-        pages: list[dict[str, Any]] = []
-        anchor, taken = anchor_id, 0
-        while True:
-            payload: dict[str, Any] = {"conversationId": conversation_id}
-            if anchor:
-                payload["anchorId"] = anchor
-            if max_messages:
-                payload["maxMessages"] = max(1, max_messages - taken)
-            else:
-                payload["window"] = "turn-start"
-            page = await self.client.call("ctx.persist.history", payload, timeout=self.timeout_s)
-            pages.append(page)
-            taken += len(page["messages"])
-            if not page.get("more") or not page.get("nextAnchorId"):
-                return merge_pages(pages)
-            anchor = page["nextAnchorId"]
+        last rows back to a user row — following the byte-bounded pages (``ctxbuild_codec.turn_start.pages``,
+        the runner reads it the same way). O(the window), not O(history). A RemoteError (typed, with its
+        retryable flag) propagates to our caller."""
+        return await read_window(lambda payload: self.client.call("ctx.persist.history", payload,
+                                                                  timeout=self.timeout_s),
+                                 conversation_id, anchor_id, max_messages=max_messages)
 
     async def store_summary(self, conversation_id: str, data: dict[str, Any]) -> bool:
         """Append CompactionSummaryRecorded to `conversation:<id>`; True when this call stored it, False when the
@@ -73,21 +62,3 @@ class History:
                 return found
             version = page["nextVersion"]
 
-
-def merge_pages(pages: list[dict[str, Any]]) -> dict[str, Any]:
-    """History pages (newest first, as read) → one reply over their messages, oldest first: the newest page's
-    head (version, attachments, anchor), the oldest page's start, the extras recomputed over the whole."""
-    if len(pages) == 1:
-        return pages[0]
-    out = dict(pages[0])
-    messages = [m for page in reversed(pages) for m in page["messages"]]
-    out["messages"] = messages
-    for key in ("start", "more", "nextAnchorId", "clearedBefore"):
-        out.pop(key, None)
-        if key in pages[-1]:
-            out[key] = pages[-1][key]
-    out["lastUsage"] = next((p["lastUsage"] for p in pages if p.get("lastUsage")), None)
-    out["summaries"] = [{"boundaryId": m["id"], "index": i} for i, m in enumerate(messages)
-                        if isinstance(m.get("compactionSummary"), str)]
-    out["persistedUris"] = list(dict.fromkeys(u for page in reversed(pages) for u in page.get("persistedUris") or []))
-    return out

@@ -1,16 +1,38 @@
-"""Pure logic of compaction (SPEC §8–§10): no I/O, unit-tested."""
+"""Pure logic of compaction (SPEC §8–§10): no I/O, unit-tested. Turn-start planning (and the summary row, retained
+context, estimate and fold types it uses) lives in the shared codec (``ctxbuild_codec.turn_start``), where the turn
+runner plans with the same code; its names are re-exported here."""
 
-from .context import (
+from ctxbuild_codec.turn_start import (
+    CONTINUE,
+    PREAMBLE,
+    FoldOutcome,
+    FoldRequest,
+    Plan,
     Retained,
+    TurnStartSettings,
     after_clear,
     attachment_handles,
+    estimate_tokens,
+    finish,
+    is_summary_row,
+    keep_start,
     max_messages_window,
     persisted_uris,
+    plan_turn_start,
+    render_served,
     retained_context,
+    split_stored,
+    splits_tool_pair,
+    stored_summary_row,
+    stored_text,
+    summary_max_chars,
+    summary_of_row,
+    summary_row,
+    summary_row_id,
+    summary_row_text,
 )
-from .estimate import estimate_tokens
+
 from .extractive import RegexTokenizer, extractive_summary, rank
-from .fold import FoldOutcome, FoldRequest
 from .grouping import count_groups, group_rows, orphans
 from .in_loop import (
     Checkpoint,
@@ -23,28 +45,6 @@ from .in_loop import (
 )
 from .llm_input import build_input, flatten, postprocess
 from .masking import apply_masking, plan_masking
-from .summary_row import (
-    CONTINUE,
-    PREAMBLE,
-    is_summary_row,
-    split_stored,
-    stored_summary_row,
-    stored_text,
-    summary_of_row,
-    summary_row,
-    summary_row_id,
-    summary_row_text,
-)
-from .turn_start import (
-    Plan,
-    TurnStartSettings,
-    finish,
-    keep_start,
-    plan_turn_start,
-    render_served,
-    splits_tool_pair,
-    summary_max_chars,
-)
 
 __all__ = [
     "CONTINUE", "PREAMBLE", "Checkpoint", "CheckpointMismatch", "FoldOutcome", "FoldRequest", "InLoopPlan",

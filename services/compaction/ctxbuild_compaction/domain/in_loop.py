@@ -32,11 +32,8 @@ from typing import Any
 from ctxbuild_codec import compaction_budget
 from ctxbuild_codec.records import usage_of, usage_tokens
 from ctxbuild_codec.tokens import count_message, count_messages
-
-from .context import attachment_handles
-from .fold import FoldOutcome, FoldRequest
-from .grouping import group_rows
-from .summary_row import (
+from ctxbuild_codec.turn_start import FoldOutcome, FoldRequest, attachment_handles, summary_max_chars
+from ctxbuild_codec.turn_start.summary_row import (
     is_summary_row,
     opening_of_rows,
     row_text,
@@ -46,7 +43,8 @@ from .summary_row import (
     summary_row,
     with_opening,
 )
-from .turn_start import summary_max_chars
+
+from .grouping import group_rows
 
 Message = dict[str, Any]
 PHASE = "in-loop"

@@ -3,6 +3,9 @@
 :func:`plan_turn_start` (history + settings → what to serve, or what to fold) and :func:`finish` (the summary
 → what to serve). The handler calls the summarizer in between, so an LLM summarizer (I/O) slots in later
 without touching this module.
+
+Shared by the compaction service (which folds) and the turn runner (which serves a plan without a fold itself,
+so a turn with nothing to fold makes no compaction call): both plan with this one code.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ctxbuild_codec import compaction_budget, envelopes
-from ctxbuild_codec.budgets import CompactionBudget
-from ctxbuild_codec.tokens import count_message, count_messages
-
+from .. import envelopes
+from ..budgets import CompactionBudget, compaction_budget
+from ..tokens import count_message, count_messages
 from .context import (
     Retained,
     after_clear,

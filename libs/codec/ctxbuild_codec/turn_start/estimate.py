@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxbuild_codec.records import usage_of, usage_tokens
-from ctxbuild_codec.tokens import count_messages
+from ..records import usage_of, usage_tokens
+from ..tokens import count_messages
 
 
 def estimate_tokens(rows: Sequence[dict[str, Any]]) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxbuild_codec.records import archived_uris
+from ..records import archived_uris
 
 Message = dict[str, Any]
 
