@@ -222,6 +222,31 @@ def test_step_limit_is_a_clear_terminal_error(all_services, pages):
     assert too_many.status_code == 422
 
 
+def test_served_request_kept_inline_when_small_else_as_blob(all_services):
+    """A small served request is kept in StepServed itself (no blob write beside the model call), a large one as a
+    blob of the turn; GET …/steps/{n}/request returns the exact bytes either way."""
+    base = all_services
+    cid = httpx.post(f"{base}/v1/conversations", headers=AUTH, json={"settings": {"contextWindow": 200000}},
+                     timeout=30).json()["id"]
+    kept = {}
+    for name, text in (("small", "hello"), ("large", "y" * 40_000)):
+        r = httpx.post(f"{base}/v1/conversations/{cid}/turns", headers=AUTH, timeout=30,
+                       json={"text": text, "provider": {"kind": "replay", "script": [{"text": "ok"}]}})
+        tid = r.json()["turnId"]
+        evs = wait_for(base, cid, tid, terminal)
+        assert terminal(evs)[0]["type"] == "TurnCompleted", terminal(evs)
+        served = next(e["data"] for e in evs if e["type"] == "StepServed")
+        req = httpx.get(f"{base}/v1/conversations/{cid}/turns/{tid}/steps/1/request", headers=AUTH, timeout=30)
+        assert req.status_code == 200
+        assert hashlib.sha256(req.content).hexdigest() == served["requestHash"] == served["request"]["sha256"]
+        assert len(req.content) == served["requestBytes"] == served["request"]["size"]
+        kept[name] = (served["request"], req.content)
+    small, small_bytes = kept["small"]
+    assert small["body"].encode("utf-8") == small_bytes and len(small_bytes) < 16 * 1024
+    large, large_bytes = kept["large"]
+    assert "body" not in large and len(large_bytes) > 40_000
+
+
 def test_served_request_regenerate_and_result_readback(all_services):
     base = all_services
     big = "\n".join(f"line {i}: " + "x" * 80 for i in range(4000))  # ~350 KB: trimmed in flight, offloaded

@@ -4,8 +4,9 @@
 Write side (the runner): an assistant message's parts, a tool call's input, a tool result's output and a
 turn's answer are inline
 when small, by reference when large — kept blobs of the turn (``tool_output``, like the served requests: the turn
-log shows them). A checkpoint's compacted prefix is a provisional blob of the turn: it is needed to resume the turn
-and released when the turn ends.
+log shows them). A step's served request follows the same rule: its text in StepServed when small, else a blob.
+A checkpoint's compacted prefix is a provisional blob of the turn: it is needed to resume the turn and released
+when the turn ends.
 
 Read side: the runner resolves what it folds (a resumed turn replays exactly the same messages); the edge
 resolves what it presents (turn log, SSE) and leaves a checkpoint's prefix as its reference (the served request of
@@ -15,6 +16,7 @@ each step is what the model saw).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from ctxbuild_blobclient import content_ref
@@ -48,6 +50,21 @@ async def small_checkpoint(blobs: content_ref.BlobPort, checkpoint: dict[str, An
         return checkpoint
     ref = await content_ref.store_if_large(blobs, prefix, conversation_id, turn_owner(turn_id), PROVISIONAL)
     return {**checkpoint, "compactedPrefix": ref}
+
+
+def inline_request(body: bytes) -> str | None:
+    """A served request's text when it is small enough to be kept in its StepServed event (``request.body``)
+    instead of a blob: the rule of every value of a turn event (inline up to ``content_ref.INLINE_MAX_BYTES`` of
+    JSON), and no blob write beside the model call. None: keep it as a blob."""
+    if len(body) > content_ref.INLINE_MAX_BYTES:
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(json.dumps(text, ensure_ascii=False).encode("utf-8")) > content_ref.INLINE_MAX_BYTES:
+        return None  # escaping grew it past the limit
+    return text
 
 
 # ------------------------------------------------------------------ read side

@@ -20,6 +20,7 @@ is a no-op, a second live writer is a typed conflict (the runner then leaves the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -502,8 +503,10 @@ class TurnRunner:
                                        options=cmd.get("options") or {})  # the gateway client's choices
                 body = request.render()
                 await ts.opened()
+                request_hash = hashlib.sha256(body).hexdigest()
+                inline = content.inline_request(body) if self.keep_requests else None
                 stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
-                    if self.keep_requests else None
+                    if self.keep_requests and inline is None else None
                 if stored is not None:
                     # let the put go out first: with a fast upstream it is the longest thing before the turn's end
                     # commit, and the SDK's request building runs before the provider call yields
@@ -519,10 +522,12 @@ class TurnRunner:
                     a_msg["usage"] = response.usage
                 served_ev: dict[str, Any] = {
                     "turnId": turn_id, "step": step, "servedTokens": served_tokens,
-                    "messagesServed": len(messages), "requestHash": request.digest(), "requestBytes": len(body),
+                    "messagesServed": len(messages), "requestHash": request_hash, "requestBytes": len(body),
                     "usage": response.usage, "modelMs": model_ms, "stopReason": response.stop_reason,
                     "assistantMessage": a_msg}
-                if stored is not None:
+                if inline is not None:
+                    served_ev["request"] = {"sha256": request_hash, "size": len(body), "body": inline}
+                elif stored is not None:
                     ref = await stored
                     if "missing" in ref:
                         served_ev["requestMissing"] = ref["missing"]

@@ -159,6 +159,8 @@ def build_inspector(edge: Edge, auth: Authenticator, *, trace_ui_url: str | None
         ref = served.get("request")
         if not ref:
             return None
+        if "body" in ref:  # a small request is kept in the event itself
+            return json.loads(ref["body"])
         sha = ref["sha256"]
         if sha in requests_cache:
             requests_cache.move_to_end(sha)

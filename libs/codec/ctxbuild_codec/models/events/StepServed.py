@@ -14,7 +14,7 @@ from ..model import usage as usage_1
 
 class Request(ContractModel):
     """
-    the request bytes kept as a blob of the turn (sha256 = requestHash); GET …/turns/{id}/steps/{step}/request
+    the request bytes kept: inline (body) when small, else as a blob of the turn (sha256 = requestHash); GET …/turns/{id}/steps/{step}/request
     """
 
     model_config = ConfigDict(
@@ -22,6 +22,12 @@ class Request(ContractModel):
     )
     sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
     size: Annotated[int | None, Field(ge=0)] = None
+    body: Annotated[
+        str | None,
+        Field(
+            description="the request itself (its UTF-8 text) when small: at most 16 KiB as a JSON string (content-ref.json's inline limit); no blob is written then"
+        ),
+    ] = None
 
 
 class StepServed(ContractModel):
@@ -53,7 +59,7 @@ class StepServed(ContractModel):
     request: Annotated[
         Request | None,
         Field(
-            description="the request bytes kept as a blob of the turn (sha256 = requestHash); GET …/turns/{id}/steps/{step}/request"
+            description="the request bytes kept: inline (body) when small, else as a blob of the turn (sha256 = requestHash); GET …/turns/{id}/steps/{step}/request"
         ),
     ] = None
     requestMissing: Annotated[
