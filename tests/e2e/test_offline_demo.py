@@ -114,6 +114,9 @@ async def test_every_payload_on_nats_matches_its_contract(demo):
                     "ctx.compact.turn_start", "ctx.compact.in_loop", "ctx.mcp.resolve", "ctx.mcp.invoke",
                     "ctx.turn.run"):
         assert seen.get(subject, 0) > 0, f"no traffic seen on {subject}"
+    # the runner planned turns 1 and 2 itself (nothing to fold: no compaction call); only turn 3, which folds
+    # (test_demo_runs_through_every_service), asked the compaction service
+    assert seen["ctx.compact.turn_start"] == 1
     assert sum(1 for _, _, inbox in tap.requests if inbox in tap.replies) > 50
     assert len(tap.events) > 50
 

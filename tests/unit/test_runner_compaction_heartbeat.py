@@ -48,9 +48,11 @@ async def test_turn_start_asks_for_heartbeats():
     st = SimpleNamespace(turn_id="t1", command={"conversationId": "c1", "userMessageId": "u1",
                                                 "provider": {"kind": "replay"},
                                                 "settings": {"summarizer": "extractive"}})
-    with pytest.raises(RemoteError):  # not transient: raised at once, after the one call
+    with pytest.raises(RemoteError):  # not transient: raised at once, after the one compaction call
         await runner(rpc)._steps(st, ts=None)
-    assert rpc.calls == [("ctx.compact.turn_start", {"timeout": 45.0, "heartbeat_s": COMPACTION_HEARTBEAT_S})]
+    # the runner's own read of the window (refused here too) sends the turn start on to compaction
+    assert rpc.calls == [("ctx.persist.history", {}),
+                         ("ctx.compact.turn_start", {"timeout": 45.0, "heartbeat_s": COMPACTION_HEARTBEAT_S})]
 
 
 def test_the_setting_defaults_to_the_runners_heartbeat():

@@ -56,6 +56,7 @@ def build(settings: Settings) -> FastAPI:
                         web_tools=web, terminal_patience_s=settings.terminal_patience_s,
                         compaction_timeout_s=settings.compaction_timeout_s,
                         compaction_heartbeat_s=settings.compaction_heartbeat_s,
+                        local_turn_start_plan=settings.turn_start_local_plan,
                         keep_request_patience_s=settings.keep_request_patience_s)
     loop = RunnerLoop(queue, runner, settings)
     runs_turns = settings.role in ("all", "runner")

@@ -70,6 +70,11 @@ class Settings(ServiceSettings, WebToolSettings):
                                           "often; 3 missed (the replica died with the call, or the call still waits "
                                           "for a free handler slot on a busy replica) and the runner fits the window "
                                           "in-process")
+    turn_start_local_plan: bool = Field(True, description="runner: a turn start with nothing to fold is planned "
+                                        "here from the history (the compaction service's code, shared in "
+                                        "ctxbuild_codec.turn_start) without a ctx.compact.turn_start call; a fold "
+                                        "is always the compaction service's. false: every turn start asks "
+                                        "compaction")
     truncate_attempt_timeout_s: float = one_call(15.0, "ctx.truncate.step attempt (+1 s per 4 MiB of outputs)",
                                                  "a timed-out attempt is sent again")
     truncate_attempts: int = Field(3, ge=1, description="runner: attempts of ctx.truncate.step (idempotent)")

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -34,6 +35,7 @@ from ctxbuild_codec.budgets import compaction_budget, input_room
 from ctxbuild_codec.envelopes import render_part
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_codec.tokens import count_messages, count_text
+from ctxbuild_codec.turn_start import TurnStartSettings, plan_turn_start, read_window
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
 from ctxbuild_platform.text import storable
@@ -194,6 +196,11 @@ class TurnStream:
                              f"{[e['type'] for e in foreign]}")
 
 
+def utc_now() -> str:
+    """A decision's startedAt/completedAt, as the compaction service writes them."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
     """Tokens every request carries besides its messages (the system prompt and the tool definitions)."""
     return count_text(system) + count_text(json.dumps([t.as_dict() for t in tools], ensure_ascii=False))
@@ -291,6 +298,7 @@ class TurnRunner:
     terminal_patience_s: float = TERMINAL_PATIENCE_S
     compaction_timeout_s: float = COMPACTION_TIMEOUT_S
     compaction_heartbeat_s: float = COMPACTION_HEARTBEAT_S
+    local_turn_start_plan: bool = True  # a turn start with nothing to fold is planned here (no compaction call)
     keep_request_patience_s: float = 20.0
 
     # ------------------------------------------------------------------ entry
@@ -445,18 +453,7 @@ class TurnRunner:
         compaction = {**window, "compressEnabled": cs.get("compressEnabled", True),
                       **{k: cs[k] for k in SUMMARIZER_SETTINGS if cs.get(k) is not None},
                       "provider": getattr(provider, "name", None), "model": getattr(provider, "model", None)}
-        with span("compaction.turn_start"):
-            try:
-                start = await self.backends.rpc.call("ctx.compact.turn_start", {
-                    "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
-                    "settings": {**compaction, "maxMessages": cs.get("maxMessages")}},
-                    timeout=self._compaction_timeout(cs), heartbeat_s=self.compaction_heartbeat_s)
-            except RemoteError as exc:
-                if not transient(exc):
-                    raise
-                # compaction away: the window's history straight from persistence, fitted in-process below
-                log.warning("turn-start-compaction-unavailable", turn_id=turn_id, error=str(exc)[:300])
-                start = await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
+        start = await self._turn_start(conversation_id, user_message_id, turn_id, cs, compaction)
         served: list[dict[str, Any]] = start["messages"]
         box = await self._toolbox(provider, cs, start["retained"], turn_id)
         clients = client_names(cmd)
@@ -893,26 +890,65 @@ class TurnRunner:
             return min(self.compaction_timeout_s, FAST_COMPACTION_TIMEOUT_S)
         return self.compaction_timeout_s
 
+    async def _turn_start(self, conversation_id: str, user_message_id: str, turn_id: str, cs: dict[str, Any],
+                          compaction: dict[str, Any]) -> dict[str, Any]:
+        """What the turn serves first (SPEC §8): planned here when nothing needs folding, else (a fold, or the
+        window not readable here) ctx.compact.turn_start; compaction away → the window fitted in-process."""
+        settings = {**compaction, "maxMessages": cs.get("maxMessages")}
+        with span("compaction.turn_start") as turn_start_span:
+            if self.local_turn_start_plan:
+                start = await self._plan_turn_start(conversation_id, user_message_id, turn_id, settings,
+                                                    turn_start_span)
+                if start is not None:
+                    return start
+            try:
+                return await self.backends.rpc.call("ctx.compact.turn_start", {
+                    "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
+                    "settings": settings},
+                    timeout=self._compaction_timeout(cs), heartbeat_s=self.compaction_heartbeat_s)
+            except RemoteError as exc:
+                if not transient(exc):
+                    raise
+                # compaction away: the window's history straight from persistence, fitted in-process by the caller
+                log.warning("turn-start-compaction-unavailable", turn_id=turn_id, error=str(exc)[:300])
+                return await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
+
+    async def _plan_turn_start(self, conversation_id: str, user_message_id: str, turn_id: str,
+                               settings: dict[str, Any], turn_start_span: Any) -> dict[str, Any] | None:
+        """What ctx.compact.turn_start would answer, planned here when it needs no fold (almost every turn): the
+        turn-start window read from persistence and planned by the same code as the compaction service
+        (ctxbuild_codec.turn_start) — no compaction round trip. None: a fold is needed (only the compaction
+        service summarizes; it reads the window again), or the window could not be read (the caller asks
+        compaction as before, whose own read, or the caller's fallback, handles it)."""
+        started, t0 = utc_now(), time.monotonic()
+        try:
+            hist = await read_window(lambda req: self.backends.rpc.call("ctx.persist.history", req), conversation_id,
+                                     user_message_id, max_messages=settings.get("maxMessages"))
+        except RemoteError as exc:
+            log.warning("turn-start-history-unavailable", turn_id=turn_id, error=str(exc)[:300])
+            return None
+        plan = plan_turn_start(hist, TurnStartSettings.from_payload(settings))
+        if plan.fold is not None:
+            return None
+        d = {**plan.decision, "startedAt": started, "completedAt": utc_now(),
+             "durationMs": int((time.monotonic() - t0) * 1000)}
+        turn_start_span.set_attribute("ctx.compaction.status", d["status"])
+        turn_start_span.set_attribute("ctx.compaction.estimated_tokens", d["estimatedTokens"])
+        turn_start_span.set_attribute("ctx.compaction.planned_by", "runner")
+        log.info("turn-start-decision", conversation_id=conversation_id, turn_id=turn_id, status=d["status"],
+                 reason=d["reason"], estimated_tokens=d["estimatedTokens"], planned_by="runner")
+        return {**plan.reply(), "decision": d}
+
     async def _turn_start_fallback(self, conversation_id: str, user_message_id: str, cs: dict[str, Any],
                                    why: str) -> dict[str, Any]:
         """What ctx.compact.turn_start would serve, without compaction: the turn-start window of the history
         (persistence ends the walk at the deepest boundary or clear-context marker), stored envelopes rendered
         as served; the caller fits it to the window (domain/window_fit.py)."""
-        req: dict[str, Any] = {"conversationId": conversation_id, "anchorId": user_message_id, "window": "turn-start"}
-        if cs.get("maxMessages"):
-            req["maxMessages"] = cs["maxMessages"]
-        messages: list[dict[str, Any]] = []
-        uris: list[str] = []
-        attachments: list[dict[str, Any]] = []
-        while True:
-            page = await patiently(lambda: self.backends.rpc.call("ctx.persist.history", req),
-                                   within_s=self.backends.patience_s, what="history (turn-start fallback)")
-            messages = page["messages"] + messages
-            uris = [*page.get("persistedUris", []), *(u for u in uris if u not in page.get("persistedUris", []))]
-            attachments = attachments or page.get("attachments", [])
-            if not page.get("more") or not page.get("nextAnchorId"):
-                break
-            req["anchorId"] = page["nextAnchorId"]
+        hist = await read_window(
+            lambda req: patiently(lambda: self.backends.rpc.call("ctx.persist.history", req),
+                                  within_s=self.backends.patience_s, what="history (turn-start fallback)"),
+            conversation_id, user_message_id, max_messages=cs.get("maxMessages"))
+        messages, uris, attachments = hist["messages"], hist.get("persistedUris") or [], hist.get("attachments") or []
         served = [{k: v for k, v in m.items() if k in ("id", "parentId", "role", "parts", "turnId")}
                   | {"parts": [render_part(p) if p.get("type") == "tool-result" else p for p in m.get("parts", [])]}
                   for m in messages]
