@@ -113,6 +113,21 @@ class TurnStream:
         self.version = version
         self._pending: asyncio.Task | None = None
         self.opening: asyncio.Task | None = None  # TurnStarted's append, started beside turn-start compaction
+        self._deferred: list[dict[str, Any]] = []  # written at the head of the stream's next append
+
+    def defer(self, type_: str, data: dict[str, Any], *key: Any) -> None:
+        """Record the event with the stream's next append (whichever writes next: a step's, the closing commit,
+        the terminal event) instead of in an append of its own: for what nobody waits to see live, one round trip
+        fewer. Lost with the attempt like an append still in flight (a resumed attempt records it again)."""
+        self._deferred.append({"eventId": event_id(self.turn_id, type_, *key), "type": type_, "data": data})
+
+    def take_deferred(self) -> list[dict[str, Any]]:
+        """The deferred events, for an append about to be written (:meth:`put_back` when it was not)."""
+        events, self._deferred = self._deferred, []
+        return events
+
+    def put_back(self, events: list[dict[str, Any]]) -> None:
+        self._deferred = events + self._deferred
 
     def emit_beside(self, type_: str, data: dict[str, Any], *key: Any) -> asyncio.Task:
         """Start the append and return at once: what follows runs beside it (e.g. the model call). Versions stay
@@ -175,7 +190,7 @@ class TurnStream:
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
         try:
-            reply = await self.backends.append(self.stream, events, expected=self.version)
+            reply = await self.backends.append(self.stream, self.take_deferred() + events, expected=self.version)
         except RemoteError as exc:
             if exc.code == "version-conflict":
                 raise await self._why_moved() from exc
@@ -416,7 +431,7 @@ class TurnRunner:
         stored after the patience → :class:`TerminalNotStored` (the command is not acknowledged)."""
         await self._settled(ts)
         try:
-            await self.backends.append(ts.stream, [event], patience_s=self.terminal_patience_s)
+            await self.backends.append(ts.stream, [*ts.take_deferred(), event], patience_s=self.terminal_patience_s)
         except RemoteError as exc:
             if exc.code == "event-id-conflict":
                 log.info("turn-already-ended", turn_id=ts.turn_id)
@@ -468,8 +483,12 @@ class TurnRunner:
             fit = fit_window(served, max(room - fixed, 0), user_message_id)
             served = fit.messages
             start["decision"].update(fallback=fit.stages, postTokens=fit.tokens, room=max(room - fixed, 0))
-        if not st.turn_start_recorded:  # beside the next step's model call; the next append waits for it
-            ts.emit_beside("CompactionDecided", progress("turn-start", turn_id, start["decision"]), "turn-start")
+        if not st.turn_start_recorded:
+            decided = progress("turn-start", turn_id, start["decision"])
+            if start["decision"].get("status") == "serve":  # nothing was folded: written with the next append
+                ts.defer("CompactionDecided", decided, "turn-start")
+            else:  # a fold (or a failed one) shows live: beside the next step's model call, the next append waits
+                ts.emit_beside("CompactionDecided", decided, "turn-start")
         checkpoint = st.checkpoint
         model_name = getattr(provider, "model", None) or getattr(provider, "name", "model")
 
@@ -639,8 +658,9 @@ class TurnRunner:
         are stored (one commit). False: nothing of it is (a conflict — the answer's prefix recorded first by
         another turn, too — or a persistence without ``turnAppend``): the caller takes the serial path."""
         await ts.settle()  # appends started beside the work come first (versions are sequential)
-        events = [{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
-                   "data": served}] if served is not None else []
+        deferred = ts.take_deferred()
+        events = [*deferred, *([{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
+                                 "data": served}] if served is not None else [])]
         events.append(terminal)
         try:
             reply = await self.backends.complete_turn(
@@ -651,10 +671,12 @@ class TurnRunner:
         except RemoteError as exc:
             if exc.code in ("version-conflict", "event-id-conflict", "invalid-payload"):
                 log.info("turn-end-serial", turn_id=st.turn_id, code=exc.code, error=str(exc)[:200])
+                ts.put_back(deferred)
                 return False
             raise
         if "turnAppend" not in reply or (also and "alsoAppend" not in reply):
             # an older persistence ignored them: nothing of the turn stream was written
+            ts.put_back(deferred)
             return False
         ts.version = max(ts.version, reply["turnAppend"]["toVersion"])
         return True
