@@ -369,6 +369,9 @@ class TurnRunner:
                         ts.opening = ts.emit_beside("TurnStarted", {
                             "turnId": turn_id, "conversationId": cmd["conversationId"],
                             "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]})
+                        # its request goes out first: a write, it takes longer than the turn-start read, and the
+                        # first model call waits for both
+                        await asyncio.sleep(0)
                     else:
                         await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
                                                       "fromStep": st.next_step}, st.attempts + 1)
