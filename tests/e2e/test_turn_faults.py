@@ -261,22 +261,30 @@ def test_a_frozen_truncation_replica_does_not_stall_the_turn(stack, edge, runner
 
 
 def test_served_requests_are_kept_or_recorded_missing_while_s3_is_away(stack, edge, runner, pages):
-    """S3 stopped before a turn: each step's request is retried, then StepServed records why it is missing;
-    the turn completes. S3 back: the next turn's requests are kept again."""
+    """S3 stopped before a turn: each step's request (over 16 KiB: a blob) is retried, then StepServed records why
+    it is missing; the turn completes. A small request needs no blob: kept in StepServed all the same. S3 back: the
+    next turn's large requests are kept again."""
     cid = conversation(edge.url, "s3 away")
+    # the message stays inline (its parts ≤ 16 KiB of JSON: the edge needs no S3), the request it is served in
+    # does not (with the system prompt and the tools)
+    large = "three steps over a long brief: " + "z" * 16_000
     stack.stop("s3")
     try:
-        tid = start_turn(edge.url, cid, "three small steps", fetch_script(pages, "s3away", 2))
+        tid = start_turn(edge.url, cid, large, fetch_script(pages, "s3away", 2))
         evs = wait_for(edge.url, cid, tid, terminal)
+        small_cid = conversation(edge.url, "s3 away, small")
+        small_tid = start_turn(edge.url, small_cid, "hi", [{"text": "kept inline"}])
+        small = [e["data"] for e in wait_for(edge.url, small_cid, small_tid, terminal) if e["type"] == "StepServed"]
     finally:
         stack.start_infra(["s3"])
     assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"], terminal(evs)
     served = [e["data"] for e in evs if e["type"] == "StepServed"]
     assert len(served) == 3 and all(("request" in s) != ("requestMissing" in s) for s in served)
     assert any(s.get("requestMissing") for s in served)
+    assert small and all("body" in s["request"] for s in small)
     tid2 = start_turn(edge.url, cid, "after s3 is back", [{"text": "kept"}])
     served2 = [e["data"] for e in wait_for(edge.url, cid, tid2, terminal) if e["type"] == "StepServed"]
-    assert served2 and all("request" in s for s in served2)
+    assert served2 and all("request" in s and "body" not in s["request"] for s in served2)
 
 
 # ----------------------------------------------------------------------------------------------- abort
@@ -447,7 +455,8 @@ async def test_integers_beyond_the_database_are_invalid_payload(all_services, rp
 # ----------------------------------------------------------------------------------------------- window fallback
 def test_with_compaction_down_every_request_fits_the_window(stack, edge, runner, pages):
     """Compaction SIGKILLed: the runner fits every request to the window in-process (the room — the window minus
-    the system prompt and tools — is recorded with each fallback) and says so in CompactionDecided."""
+    the system prompt and tools — is recorded with each fallback) and says so in CompactionDecided. A turn start
+    with nothing to fold never needed compaction (the runner plans it); one that must fold is fitted in-process."""
     window, n = 3000, 12
     cid = conversation(edge.url, "compaction away", contextWindow=window)
     stack.stop("compaction", sig=signal.SIGKILL)
@@ -456,20 +465,29 @@ def test_with_compaction_down_every_request_fits_the_window(stack, edge, runner,
                   for k in range(1, n + 1)] + [{"text": "read them all"}]
         tid = start_turn(edge.url, cid, "read twelve long articles", script, max_steps=n + 1)
         evs = wait_for(edge.url, cid, tid, terminal)
+        # the next turn starts on the twelve articles: over the trigger, a fold is needed and compaction is away
+        tid2 = start_turn(edge.url, cid, "now sum them up", [{"text": "summed up"}])
+        evs2 = wait_for(edge.url, cid, tid2, terminal)
     finally:
         stack.start_service("compaction")
     assert [e["type"] for e in terminal(evs)] == ["TurnCompleted"], terminal(evs)
-    fallbacks = {(e["data"]["phase"], e["data"].get("step")): e["data"] for e in evs
-                 if e["type"] == "CompactionDecided" and str(e["data"].get("fallback") or "").startswith("in-process")}
-    assert ("turn-start", None) in fallbacks
+    decided = {(e["data"]["phase"], e["data"].get("step")): e["data"] for e in evs if e["type"] == "CompactionDecided"}
+    fallbacks = {k: d for k, d in decided.items() if str(d.get("fallback") or "").startswith("in-process")}
+    first = decided[("turn-start", None)]  # one short message: planned by the runner, compaction not asked
+    assert first["reason"] == "under-trigger" and not first.get("fallback"), first
     served = [e["data"] for e in evs if e["type"] == "StepServed"]
     assert len(served) == n + 1
-    start = fallbacks[("turn-start", None)]
     for s in served:
         d = fallbacks.get(("in-loop", s["step"]))
         if d is None:  # step 1 within the trigger: nothing to fold, the runner did not ask (runner.nothing_to_fold)
-            assert s["step"] == 1 and s["servedTokens"] == start["postTokens"] <= start["room"] < window, (s, start)
+            assert s["step"] == 1 and s["servedTokens"] <= first["trigger"] < window, (s, first)
             continue
         assert s["servedTokens"] == d["postTokens"] <= d["room"] < window, (s["step"], d)
     over = [d for d in fallbacks.values() if d["phase"] == "in-loop" and d["preTokens"] > d["room"]]
     assert over, list(fallbacks.values())  # without the fallback, requests would have been over the window
+    assert [e["type"] for e in terminal(evs2)] == ["TurnCompleted"], terminal(evs2)
+    start = next(e["data"] for e in evs2 if e["type"] == "CompactionDecided" and e["data"]["phase"] == "turn-start")
+    assert str(start.get("fallback") or "").startswith("in-process"), start
+    assert start["preTokens"] > start["room"] >= start["postTokens"] and start["room"] < window, start
+    served2 = [e["data"] for e in evs2 if e["type"] == "StepServed"]
+    assert served2 and all(s["servedTokens"] < window for s in served2), served2

@@ -151,7 +151,11 @@ class TurnStream:
         after it keep running."""
         if self.opening is not None:
             opening, self.opening = self.opening, None
-            await opening
+            try:
+                await opening
+            except BaseException:
+                self._deferred.clear()  # not this attempt's turn: nothing it decided is recorded
+                raise
 
     async def settle(self) -> None:
         """Wait for the append started by :meth:`emit_beside` (raising what it raised)."""
