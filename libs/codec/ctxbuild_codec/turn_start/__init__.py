@@ -19,6 +19,7 @@ from .plan import (
     PHASE,
     Plan,
     TurnStartSettings,
+    decision_time,
     finish,
     keep_start,
     plan_turn_start,
@@ -41,7 +42,7 @@ from .summary_row import (
 
 __all__ = [
     "CONTINUE", "PHASE", "PREAMBLE", "FoldOutcome", "FoldRequest", "Plan", "Retained", "TurnStartSettings",
-    "after_clear", "attachment_handles", "estimate_tokens", "finish", "is_summary_row", "keep_start",
+    "after_clear", "attachment_handles", "decision_time", "estimate_tokens", "finish", "is_summary_row", "keep_start",
     "max_messages_window", "merge_pages", "persisted_uris", "plan_turn_start", "read_window", "render_served",
     "retained_context", "split_stored", "splits_tool_pair", "stored_summary_row", "stored_text", "summary_max_chars",
     "summary_of_row", "summary_row", "summary_row_id", "summary_row_text",

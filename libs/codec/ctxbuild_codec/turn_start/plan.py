@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import envelopes
@@ -41,6 +42,11 @@ from .summary_row import (
 
 Message = dict[str, Any]
 PHASE = "turn-start"
+
+
+def decision_time() -> str:
+    """A decision's ``startedAt``/``completedAt`` (UTC, milliseconds), whoever plans it."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 OPENING_STORED_MAX_BYTES = 32 * 1024   # leaves the CompactionSummaryRecorded event room under 64 KiB
 
 

@@ -15,11 +15,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
 from ctxbuild_blobclient import content_ref
+from ctxbuild_codec.turn_start import decision_time
 from ctxbuild_platform import telemetry
 from ctxbuild_platform.errors import InvalidPayload, RemoteError
 
@@ -59,10 +59,6 @@ class CheckpointPort(ArchivePort, Protocol):  # adapters/blobstore.BlobStore
                                       turn_id: str) -> dict[str, Any]: ...
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 async def _fold_and_archive(choice: Choice, fold, archive: ArchivePort | None, conversation_id: str,
                             turn_id: str | None):
     """(outcome, transcript URI | None): the summarizer and the transcript archive run side by side; masking
@@ -79,7 +75,7 @@ async def turn_start(payload: dict[str, Any], history: HistoryPort,
                      archive: ArchivePort | None = None) -> dict[str, Any]:
     conversation_id = payload["conversationId"]
     turn_id = payload.get("turnId")
-    started, t0 = _now(), time.monotonic()
+    started, t0 = decision_time(), time.monotonic()
     pick = as_summarizers(summarizers)
     with telemetry.span("compaction.turn_start", **{"ctx.conversation_id": conversation_id}) as span:
         settings = payload.get("settings") or {}
@@ -99,7 +95,7 @@ async def turn_start(payload: dict[str, Any], history: HistoryPort,
                 extra["transcript"] = transcript
             if plan.decision["status"] == "compacted" and outcome.summary:
                 plan, extra["stored"] = await _store_once(plan, outcome, hist, history, payload)
-        d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
+        d = {**plan.decision, **extra, "startedAt": started, "completedAt": decision_time(),
              "durationMs": int((time.monotonic() - t0) * 1000)}
         plan = replace(plan, decision=d)
         span.set_attribute("ctx.compaction.status", d["status"])
@@ -139,7 +135,7 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
                   checkpoints: CheckpointPort | None = None) -> dict[str, Any]:
     turn_id = payload.get("turnId")
     conversation_id = payload["conversationId"]
-    started, t0 = _now(), time.monotonic()
+    started, t0 = decision_time(), time.monotonic()
     pick = as_summarizers(summarizers)
     with telemetry.span("compaction.in_loop", **{"ctx.turn_id": turn_id or "", "ctx.step": payload.get("step", 0)}) \
             as span:
@@ -191,7 +187,7 @@ async def in_loop(payload: dict[str, Any], history: HistoryPort,
                     extra["note"] = "; ".join(filter(None, [extra.get("note"), "masking-collapsed"]))
             if transcript and plan.checkpoint.transcripts and plan.checkpoint.transcripts[-1] == transcript:
                 extra["transcript"] = transcript
-        d = {**plan.decision, **extra, "startedAt": started, "completedAt": _now(),
+        d = {**plan.decision, **extra, "startedAt": started, "completedAt": decision_time(),
              "durationMs": int((time.monotonic() - t0) * 1000)}
         span.set_attribute("ctx.compaction.status", d["status"])
         if plan.decision["status"] != "serve":

@@ -16,7 +16,6 @@ each step is what the model saw).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from ctxbuild_blobclient import content_ref
@@ -62,9 +61,8 @@ def inline_request(body: bytes) -> str | None:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if len(json.dumps(text, ensure_ascii=False).encode("utf-8")) > content_ref.INLINE_MAX_BYTES:
-        return None  # escaping grew it past the limit
-    return text
+    # measured as every inline value is (escaping may grow it past the limit)
+    return text if len(content_ref.encode(text)) <= content_ref.INLINE_MAX_BYTES else None
 
 
 # ------------------------------------------------------------------ read side

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -35,7 +34,7 @@ from ctxbuild_codec.budgets import compaction_budget, input_room
 from ctxbuild_codec.envelopes import render_part
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_codec.tokens import count_messages, count_text
-from ctxbuild_codec.turn_start import TurnStartSettings, plan_turn_start, read_window
+from ctxbuild_codec.turn_start import TurnStartSettings, decision_time, plan_turn_start, read_window
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
 from ctxbuild_platform.text import storable
@@ -213,11 +212,6 @@ class TurnStream:
             return TurnAborted(foreign[-1]["data"].get("reason") or "requested")
         return TurnTakenOver(f"{self.stream} moved past version {self.version}: "
                              f"{[e['type'] for e in foreign]}")
-
-
-def utc_now() -> str:
-    """A decision's startedAt/completedAt, as the compaction service writes them."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
@@ -925,9 +919,10 @@ class TurnRunner:
         window not readable here) ctx.compact.turn_start; compaction away → the window fitted in-process."""
         settings = {**compaction, "maxMessages": cs.get("maxMessages")}
         with span("compaction.turn_start") as turn_start_span:
+            hist = None
             if self.local_turn_start_plan:
-                start = await self._plan_turn_start(conversation_id, user_message_id, turn_id, settings,
-                                                    turn_start_span)
+                start, hist = await self._plan_turn_start(conversation_id, user_message_id, turn_id, settings,
+                                                          turn_start_span)
                 if start is not None:
                     return start
             try:
@@ -940,43 +935,46 @@ class TurnRunner:
                     raise
                 # compaction away: the window's history straight from persistence, fitted in-process by the caller
                 log.warning("turn-start-compaction-unavailable", turn_id=turn_id, error=str(exc)[:300])
-                return await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc))
+                return await self._turn_start_fallback(conversation_id, user_message_id, cs, str(exc), hist)
 
     async def _plan_turn_start(self, conversation_id: str, user_message_id: str, turn_id: str,
-                               settings: dict[str, Any], turn_start_span: Any) -> dict[str, Any] | None:
-        """What ctx.compact.turn_start would answer, planned here when it needs no fold (almost every turn): the
-        turn-start window read from persistence and planned by the same code as the compaction service
-        (ctxbuild_codec.turn_start) — no compaction round trip. None: a fold is needed (only the compaction
-        service summarizes; it reads the window again), or the window could not be read (the caller asks
-        compaction as before, whose own read, or the caller's fallback, handles it)."""
-        started, t0 = utc_now(), time.monotonic()
+                               settings: dict[str, Any], turn_start_span: Any
+                               ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """(What ctx.compact.turn_start would answer, the window read), planned here when it needs no fold (almost
+        every turn): the turn-start window read from persistence and planned by the same code as the compaction
+        service (ctxbuild_codec.turn_start) — no compaction round trip. No answer: a fold is needed (only the
+        compaction service summarizes; it reads the window again; the window read here is the in-process
+        fallback's should compaction be away), or the window could not be read (the caller asks compaction as
+        before, whose own read, or the caller's fallback, handles it)."""
+        started, t0 = decision_time(), time.monotonic()
         try:
             hist = await read_window(lambda req: self.backends.rpc.call("ctx.persist.history", req), conversation_id,
                                      user_message_id, max_messages=settings.get("maxMessages"))
         except RemoteError as exc:
             log.warning("turn-start-history-unavailable", turn_id=turn_id, error=str(exc)[:300])
-            return None
+            return None, None
         plan = plan_turn_start(hist, TurnStartSettings.from_payload(settings))
         if plan.fold is not None:
-            return None
-        d = {**plan.decision, "startedAt": started, "completedAt": utc_now(),
+            return None, hist
+        d = {**plan.decision, "startedAt": started, "completedAt": decision_time(),
              "durationMs": int((time.monotonic() - t0) * 1000)}
         turn_start_span.set_attribute("ctx.compaction.status", d["status"])
         turn_start_span.set_attribute("ctx.compaction.estimated_tokens", d["estimatedTokens"])
         turn_start_span.set_attribute("ctx.compaction.planned_by", "runner")
         log.info("turn-start-decision", conversation_id=conversation_id, turn_id=turn_id, status=d["status"],
                  reason=d["reason"], estimated_tokens=d["estimatedTokens"], planned_by="runner")
-        return {**plan.reply(), "decision": d}
+        return {**plan.reply(), "decision": d}, hist
 
     async def _turn_start_fallback(self, conversation_id: str, user_message_id: str, cs: dict[str, Any],
-                                   why: str) -> dict[str, Any]:
+                                   why: str, hist: dict[str, Any] | None = None) -> dict[str, Any]:
         """What ctx.compact.turn_start would serve, without compaction: the turn-start window of the history
-        (persistence ends the walk at the deepest boundary or clear-context marker), stored envelopes rendered
-        as served; the caller fits it to the window (domain/window_fit.py)."""
-        hist = await read_window(
-            lambda req: patiently(lambda: self.backends.rpc.call("ctx.persist.history", req),
-                                  within_s=self.backends.patience_s, what="history (turn-start fallback)"),
-            conversation_id, user_message_id, max_messages=cs.get("maxMessages"))
+        (persistence ends the walk at the deepest boundary or clear-context marker; ``hist``: already read),
+        stored envelopes rendered as served; the caller fits it to the window (domain/window_fit.py)."""
+        if hist is None:
+            hist = await read_window(
+                lambda req: patiently(lambda: self.backends.rpc.call("ctx.persist.history", req),
+                                      within_s=self.backends.patience_s, what="history (turn-start fallback)"),
+                conversation_id, user_message_id, max_messages=cs.get("maxMessages"))
         messages, uris, attachments = hist["messages"], hist.get("persistedUris") or [], hist.get("attachments") or []
         served = [{k: v for k, v in m.items() if k in ("id", "parentId", "role", "parts", "turnId")}
                   | {"parts": [render_part(p) if p.get("type") == "tool-result" else p for p in m.get("parts", [])]}
