@@ -142,6 +142,36 @@ async def test_a_plain_request_then_its_continuation(gw, fake_openai):
     assert served == ["Capital of France?", "Paris.", "Population?"]
 
 
+async def test_requests_without_an_answer_taken_for_new_still_find_their_conversation(gw, fake_openai, stack):
+    """A request with no answer in it is taken for a new conversation without a lookup: the admission's commit
+    refuses it when one of its prefixes is recorded, and it is then looked up. So a resent first message (a retry)
+    still answers its stored message in its conversation, and a request that adds a second question under a stored
+    first one still continues it — each message stored once, each prefix recorded once."""
+    async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+        fake_openai.reply_next = {"role": "assistant", "content": "first"}
+        r1 = await http.post("/v1/chat/completions", json=chat(user("taken for new: hello")))
+        assert r1.status_code == 200, r1.text
+        cid = r1.headers["x-ctx-conversation-id"]
+        fake_openai.reply_next = {"role": "assistant", "content": "again"}
+        r2 = await http.post("/v1/chat/completions", json=chat(user("taken for new: hello")))
+        assert r2.status_code == 200, r2.text
+        assert r2.headers["x-ctx-conversation-id"] == cid and r2.headers["x-ctx-turn-id"] != r1.headers[
+            "x-ctx-turn-id"]
+        assert r2.json()["choices"][0]["message"]["content"] == "again"
+        fake_openai.reply_next = {"role": "assistant", "content": "more"}
+        r3 = await http.post("/v1/chat/completions", json=chat(user("taken for new: hello"), user("and more")))
+        assert r3.status_code == 200, r3.text
+        assert r3.headers["x-ctx-conversation-id"] == cid
+        path = await path_of(http, cid)
+    assert [(m["role"], m["parts"][0]["text"]) for m in path] == [
+        ("user", "taken for new: hello"), ("user", "and more"), ("assistant", "more")]
+    # the retry was served the stored question once, not a second copy of it
+    assert [m["content"] for m in fake_openai.requests[-2]["messages"] if m["role"] != "system"] == [
+        "taken for new: hello"]
+    asked = sorted(r["index"] for r in await prefix_records(stack, cid) if r["index"] is not None)
+    assert asked == [1, 2]
+
+
 async def test_an_edited_earlier_message_forks_a_branch(gw, fake_openai):
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
         first = [user("fork: tell me a fruit")]
@@ -499,10 +529,11 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
 
 
 async def test_concurrent_identical_new_requests_each_get_an_answer(gw, fake_openai, stack):
-    """Identical requests sent at once on a new conversation race for its prefix record (first writer wins). A
-    request that loses the race after its lookup is not refused: it runs in a conversation of its own, as it would
-    have without the race; one that looks up after the winner's commit continues the winner's conversation, as a
-    retry does (busy while the winner's turn runs). Nothing half-stored either way, one record per prefix."""
+    """Identical requests sent at once on a new conversation race for its prefix record (first writer wins). Each
+    is taken for new (no answer in it), so its commit is where it meets the winner's record: it is then looked up
+    and continues the winner's conversation, as a retry does (busy while the winner's turn runs); one that loses
+    the race again after that lookup is not refused: it runs in a conversation of its own. Nothing half-stored
+    either way, one record per prefix."""
     text = "race: the same first message"
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
         fake_openai.reply_next = {"role": "assistant", "content": "raced"}

@@ -6,7 +6,9 @@
    ``gwprefix:<hash>`` holding one GatewayPrefixRecorded (first writer wins) that names the stored message the
    prefix ends at; the tenant seeds the chain, so tenants never share a prefix. The messages after the matched
    prefix are new: they hang under that message — the end of the conversation, or an earlier message when the
-   client edited one (a branch). Nothing matched: a new conversation, its window from the model table.
+   client edited one (a branch). Nothing matched: a new conversation, its window from the model table. A request
+   with no answer in it (a first message, mostly) is taken for new without a lookup: its prefix records go in the
+   admission's commit, which must create them, so the commit finds a recorded one (a retry) and it is looked up then.
 2. The turn is admitted (one running turn per conversation, the key's running-turn limit) and queued like any
    other, the client's tools, tool choice and system prompt in its command (TurnQueued); the runner offers the
    client's tools beside ctxbuild's own and ends the turn when the model calls one of them. The admission, a new
@@ -218,7 +220,14 @@ class Gateway:
         again with the identity it looked up, its records written beside the turn (first writer wins)."""
         t0 = time.perf_counter()
         try:
-            return await self._start(who, req, t0)
+            try:
+                return await self._start(who, req, t0)
+            except PrefixRace as race:
+                if race.found is not None:
+                    raise
+                # taken for new without a lookup, but one of its prefixes is recorded (a retry, a resent first
+                # message): looked up now, as if the lookup had come at the commit
+                return await self._start(who, req, t0, guess_new=False)
         except PrefixRace as race:
             # the same identity as before the race (concurrent identical requests are not retries of each
             # other: each gets its own turn, as without records in the commit)
@@ -226,9 +235,13 @@ class Gateway:
             return await self._start(who, req, t0, found=race.found)
 
     async def _start(self, who: Principal, req: GatewayRequest, t0: float,
-                     found: tuple[dict[str, Any] | None, int, dict[str, Any] | None] | None = None) -> Started:
+                     found: tuple[dict[str, Any] | None, int, dict[str, Any] | None] | None = None,
+                     guess_new: bool = True) -> Started:
         """``found``: the identity a first attempt looked up (stored settings, k, record); its prefix records then
-        go beside the turn."""
+        go beside the turn. ``guess_new``: a request that cannot continue a conversation by what it holds (no
+        answer in it, no id) is taken for a new conversation without a lookup when its prefix records go in the
+        admission's commit: they must not exist yet, so the commit itself checks what the lookup would have found
+        (none recorded: new; any recorded: the commit stores nothing and ``PrefixRace(None)`` has it looked up)."""
         model = self.model(req.model, req.dialect)
         if not req.messages:
             raise DialectError(400, "invalid_request_error", "messages must hold at least one message", "messages")
@@ -240,8 +253,13 @@ class Gateway:
             raise DialectError(400, "invalid_request_error", "the conversation id is not one this server hands out "
                                "(conv_…)", "metadata.conversation_id")
         stored_settings = None
+        guessed = (guess_new and found is None and explicit is None
+                   and not any(m["role"] == "assistant" for m in req.messages)
+                   and not client_results(req.messages) and len(req.messages) + 3 <= BATCH_MAX_GROUPS)
         if found is not None:
             stored_settings, k, rec = found
+        elif guessed:
+            k, rec = 0, None
         elif explicit:  # the caller's tenant only: another tenant's conversation reads as a missing one (404)
             stored_settings, (k, rec) = await asyncio.gather(self.edge.conversation_settings(explicit, who),
                                                              self.longest_prefix(hashes, req.messages, explicit))
@@ -276,7 +294,7 @@ class Gateway:
         provider = {"kind": model.dialect, "model": model.upstream_model}
         queued = self.edge.queued_event(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
                                         extra=self.command_fields(req, model.dialect, hashes[-1]))
-        lane = any(p.get("type") == "tool-result" for m in stored if m["role"] == "tool" for p in m["parts"])
+        lane = client_results(stored)
         # input that must be trimmed or stored by reference first is stored after a continuation's admission, so a
         # busy conversation (409) stores nothing; otherwise one commit holds it all
         early = not created and (lane or not all(inline(m) for m in stored))
@@ -309,7 +327,7 @@ class Gateway:
                 except RemoteError as exc:
                     if in_commit and exc.code == "version-conflict" and str(
                             (exc.details or {}).get("streamId", "")).startswith(PREFIX_STREAM):
-                        raise PrefixRace((stored_settings, k, rec)) from exc
+                        raise PrefixRace(None if guessed else (stored_settings, k, rec)) from exc
                     raise
                 admitted = True
             if lane:
@@ -465,11 +483,17 @@ class Gateway:
 
 class PrefixRace(Exception):
     """A concurrent request recorded one of this request's new prefixes between the lookup and the commit; the
-    commit stored nothing. ``found``: the lookup's result (stored settings, k, record)."""
+    commit stored nothing. ``found``: the lookup's result (stored settings, k, record); None when the request was
+    taken for new without a lookup."""
 
-    def __init__(self, found: tuple[dict[str, Any] | None, int, dict[str, Any] | None]) -> None:
+    def __init__(self, found: tuple[dict[str, Any] | None, int, dict[str, Any] | None] | None) -> None:
         super().__init__("a concurrent request recorded one of this request's prefixes first")
         self.found = found
+
+
+def client_results(messages: list[dict[str, Any]]) -> bool:
+    """Whether messages hold client tool results (stored through the persist lane, after the admission)."""
+    return any(p.get("type") == "tool-result" for m in messages if m["role"] == "tool" for p in m["parts"])
 
 
 def prefix_group(digest: str, conversation_id: str, message_id: str, index: int
