@@ -172,6 +172,44 @@ async def test_requests_without_an_answer_taken_for_new_still_find_their_convers
     assert asked == [1, 2]
 
 
+async def test_a_new_conversations_first_turn_reads_nothing_back(gw, fake_openai, stack):
+    """The messages a request's commit creates a conversation with ride to the runner with its command: the first
+    turn serves them without a ctx.persist.history read, byte for byte as the next turn, which reads them back,
+    serves them again (its request starts with the first one's)."""
+    import nats
+
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    reads: list[dict] = []
+
+    async def seen(msg) -> None:
+        reads.append(json.loads(msg.data))
+
+    await nc.subscribe("ctx.persist.history", cb=seen)  # beside persistence's queue group: sees every request
+    try:
+        async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+            first = [{"role": "system", "content": "Answer in one word."}, user("carried: a first question"),
+                     user("carried: and a second one")]
+            fake_openai.reply_next = {"role": "assistant", "content": "One."}
+            r1 = await http.post("/v1/chat/completions", json=chat(*first))
+            assert r1.status_code == 200, r1.text
+            cid = r1.headers["x-ctx-conversation-id"]
+            served1 = fake_openai.requests[-1]["messages"]
+            await nc.flush()
+            assert [q for q in reads if q.get("conversationId") == cid] == []
+            fake_openai.reply_next = {"role": "assistant", "content": "Two."}
+            r2 = await http.post("/v1/chat/completions", json=chat(*first, {"role": "assistant", "content": "One."},
+                                                                   user("carried: a third")))
+            assert r2.status_code == 200 and r2.headers["x-ctx-conversation-id"] == cid
+            served2 = fake_openai.requests[-1]["messages"]
+            await nc.flush()
+    finally:
+        await nc.close()
+    assert [q for q in reads if q.get("conversationId") == cid]  # the continuation read its window back
+    assert [m["content"] for m in served1 if m["role"] == "user"] == [
+        "carried: a first question", "carried: and a second one"]
+    assert json.dumps(served2[:len(served1)]) == json.dumps(served1)
+
+
 async def test_an_edited_earlier_message_forks_a_branch(gw, fake_openai):
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
         first = [user("fork: tell me a fruit")]

@@ -99,6 +99,28 @@ async def test_nothing_to_fold_is_planned_here_as_compaction_would():
     assert set(TIMING) <= set(start["decision"])  # CompactionDecided carries the same timing as compaction's
 
 
+async def test_a_created_conversations_carried_window_is_planned_without_a_read():
+    """A first attempt whose work message carried the messages its command's commit created the conversation with
+    plans from them (no ctx.persist.history call) exactly as from the read; messages for another anchor, or a
+    maxMessages window, are read as before; a hint is taken once."""
+    rows = [user("u1", "a question " + filler(40)), user("u2", "and another one")]
+    services = Services(rows)
+    r = runner(services)
+    r._windows["turn-1"] = chained(rows)
+    carried = await r._turn_start("conv-1", "u2", "turn-1", {}, WINDOW)
+    assert services.calls == []
+    read = await start_of(Services(rows), "u2")
+    assert untimed(carried) == untimed(read)
+    assert [m["id"] for m in carried["messages"]] == ["u1", "u2"] and carried["decision"]["status"] == "serve"
+    assert "turn-1" not in r._windows
+    r._windows["turn-1"] = chained(rows)[:1]  # not the turn's anchor: read
+    await r._turn_start("conv-1", "u2", "turn-1", {}, WINDOW)
+    assert services.calls == ["ctx.persist.history"]
+    r._windows["turn-1"] = chained(rows)  # a maxMessages window is cut by persistence: read
+    await r._turn_start("conv-1", "u2", "turn-1", {"maxMessages": 1}, {**WINDOW, "maxMessages": 1})
+    assert services.calls == ["ctx.persist.history"] * 2
+
+
 async def test_a_fold_goes_to_the_compaction_service():
     services = Services(long_history())
     start = await start_of(services, "u3")

@@ -14,7 +14,7 @@ from .context import (
 )
 from .estimate import estimate_tokens
 from .fold import FoldOutcome, FoldRequest
-from .pages import merge_pages, read_window
+from .pages import created_window, merge_pages, read_window
 from .plan import (
     PHASE,
     Plan,
@@ -42,8 +42,8 @@ from .summary_row import (
 
 __all__ = [
     "CONTINUE", "PHASE", "PREAMBLE", "FoldOutcome", "FoldRequest", "Plan", "Retained", "TurnStartSettings",
-    "after_clear", "attachment_handles", "decision_time", "estimate_tokens", "finish", "is_summary_row", "keep_start",
-    "max_messages_window", "merge_pages", "persisted_uris", "plan_turn_start", "read_window", "render_served",
-    "retained_context", "split_stored", "splits_tool_pair", "stored_summary_row", "stored_text", "summary_max_chars",
-    "summary_of_row", "summary_row", "summary_row_id", "summary_row_text",
+    "after_clear", "attachment_handles", "created_window", "decision_time", "estimate_tokens", "finish",
+    "is_summary_row", "keep_start", "max_messages_window", "merge_pages", "persisted_uris", "plan_turn_start",
+    "read_window", "render_served", "retained_context", "split_stored", "splits_tool_pair", "stored_summary_row",
+    "stored_text", "summary_max_chars", "summary_of_row", "summary_row", "summary_row_id", "summary_row_text",
 ]

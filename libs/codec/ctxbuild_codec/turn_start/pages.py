@@ -50,3 +50,12 @@ def merge_pages(pages: list[Page]) -> Page:
                         if isinstance(m.get("compactionSummary"), str)]
     out["persistedUris"] = list(dict.fromkeys(u for page in reversed(pages) for u in page.get("persistedUris") or []))
     return out
+
+
+def created_window(conversation_id: str, messages: list[dict[str, Any]]) -> Page:
+    """The turn-start window of a conversation that holds just ``messages`` (one commit created it with them: no
+    summary, no clear-context marker, no attachment, no usage, no archived output yet) — the page
+    `ctx.persist.history` would return for it, without the read."""
+    return {"conversationId": conversation_id, "version": 1 + len(messages), "messages": messages,
+            "attachments": [], "anchorId": messages[-1]["id"], "lastUsage": None, "summaries": [],
+            "persistedUris": [], "source": "fold", "start": "root", "more": False}

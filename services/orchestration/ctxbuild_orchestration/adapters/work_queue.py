@@ -94,6 +94,13 @@ class Delivery:
         """The TurnQueued data the message carries (version 1 of the turn), if any."""
         return dump(self.command.command) if self.command.command is not None else None
 
+    @property
+    def window(self) -> list[dict] | None:
+        """The messages of a conversation the command's commit created, if the message carries them."""
+        if self.command.command is None or self.command.window is None:
+            return None
+        return dump(self.command.window)["messages"]
+
 
 class TurnQueue:
     def __init__(self, connection: Callable[[], NatsClient], config: QueueConfig | None = None,
@@ -125,14 +132,20 @@ class TurnQueue:
                 await js.consumer_info(c.stream, c.durable)
         await self.dead_letters.ensure()
 
-    async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None) -> None:
-        """``command``: the TurnQueued data just recorded as version 1 of the turn (rides along when small)."""
+    async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None,
+                     window: list[dict] | None = None) -> None:
+        """``command``: the TurnQueued data just recorded as version 1 of the turn (rides along when small);
+        ``window``: the messages of the conversation that same commit created (ride along with the command when
+        both fit)."""
         body = dump(TurnRunCommand(turnId=turn_id, conversationId=conversation_id))
         if command is not None:
-            with_command = json.dumps({**body, "command": command}, ensure_ascii=False).encode()
-            if len(with_command) <= COMMAND_MAX_BYTES:
-                await self._js().publish(self.config.subject, with_command, headers={"Nats-Msg-Id": turn_id})
-                return
+            tries = ([{**body, "command": command, "window": {"messages": window}}] if window else []) + [
+                {**body, "command": command}]
+            for full in tries:
+                with_command = json.dumps(full, ensure_ascii=False).encode()
+                if len(with_command) <= COMMAND_MAX_BYTES:
+                    await self._js().publish(self.config.subject, with_command, headers={"Nats-Msg-Id": turn_id})
+                    return
         payload = json.dumps(body).encode()
         await self._js().publish(self.config.subject, payload, headers={"Nats-Msg-Id": turn_id})
 

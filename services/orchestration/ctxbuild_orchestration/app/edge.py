@@ -283,11 +283,13 @@ class Edge:
                     raise outcome
         await self.submit(turn_id, conversation_id, cmd["data"])
 
-    async def submit(self, turn_id: str, conversation_id: str, command: dict[str, Any] | None = None) -> None:
+    async def submit(self, turn_id: str, conversation_id: str, command: dict[str, Any] | None = None,
+                     window: list[dict[str, Any]] | None = None) -> None:
         """The recorded command to the work queue (``command``: its TurnQueued data, riding along so the runner need
-        not read it back); a refusal ends the turn (its admission no longer holds the conversation)."""
+        not read it back; ``window``: the messages of the conversation that commit created, likewise); a refusal
+        ends the turn (its admission no longer holds the conversation)."""
         try:
-            await self.queue.submit(turn_id, conversation_id, command)
+            await self.queue.submit(turn_id, conversation_id, command, window)
         except Exception as exc:
             await self.backends.append(f"turn:{turn_id}", [terminal_failure(turn_id, {
                 "turnId": turn_id, "code": "unavailable", "message": "the work queue refused the turn",

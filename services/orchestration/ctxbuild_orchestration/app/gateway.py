@@ -334,7 +334,9 @@ class Gateway:
                 await self.store_results(conversation_id, turn_id, stored, cs)
             if not in_commit:  # recorded beside the turn; awaited before the response ends
                 started.records = asyncio.create_task(self._record_all(records))
-            await self.edge.submit(turn_id, conversation_id, queued["data"])
+            # a conversation this commit created holds exactly these messages: the runner need not read them back
+            window = stored if created and in_commit and all(inline(m) for m in stored) else None
+            await self.edge.submit(turn_id, conversation_id, queued["data"], window)
         except BaseException as exc:
             await watch.close()
             # a recorded command must end (one terminal event), run or not; a refused commit stored nothing (a

@@ -25,7 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import structlog
@@ -34,7 +34,13 @@ from ctxbuild_codec.budgets import compaction_budget, input_room
 from ctxbuild_codec.envelopes import render_part
 from ctxbuild_codec.models.subjects.ctx_turn_delta_request import TurnTextDelta
 from ctxbuild_codec.tokens import count_messages, count_text
-from ctxbuild_codec.turn_start import TurnStartSettings, decision_time, plan_turn_start, read_window
+from ctxbuild_codec.turn_start import (
+    TurnStartSettings,
+    created_window,
+    decision_time,
+    plan_turn_start,
+    read_window,
+)
 from ctxbuild_platform.errors import RemoteError, ServiceError
 from ctxbuild_platform.telemetry import span
 from ctxbuild_platform.text import storable
@@ -313,18 +319,25 @@ class TurnRunner:
     compaction_heartbeat_s: float = COMPACTION_HEARTBEAT_S
     local_turn_start_plan: bool = True  # a turn start with nothing to fold is planned here (no compaction call)
     keep_request_patience_s: float = 20.0
+    # a first attempt's turn-start window when its work message carried it (a conversation its command created)
+    _windows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
 
     # ------------------------------------------------------------------ entry
     async def load(self, turn_id: str) -> TurnState:
         return fold(turn_id, await self.backends.read_stream_all(f"turn:{turn_id}"))
 
-    async def run(self, turn_id: str, attempt: int = 1, queued: dict[str, Any] | None = None) -> str:
+    async def run(self, turn_id: str, attempt: int = 1, queued: dict[str, Any] | None = None,
+                  window: list[dict[str, Any]] | None = None) -> str:
         """Run or resume a turn. Returns how this attempt ended: ``completed``, ``failed``, ``already-done``,
         ``unknown`` (no TurnQueued: nothing to run), ``taken-over`` (another replica writes the turn now) or
         ``unended`` (its terminal event could not be stored: the command goes back, the turn resumes or ends on
         the next delivery). Cancellation propagates (drain: the command is handed back, another replica resumes).
         ``queued``: the TurnQueued data the work-queue message carried (the edge just recorded it as version 1):
-        a first attempt starts from it without reading the stream; TurnStarted's expected version 1 checks it."""
+        a first attempt starts from it without reading the stream; TurnStarted's expected version 1 checks it.
+        ``window``: with it, the messages of the conversation the command's commit created — that attempt's
+        turn-start window, not read back either (the same check covers it: one commit recorded both)."""
+        if window and attempt == 1 and queued is not None and queued.get("turnId") == turn_id:
+            self._windows[turn_id] = window
         try:
             return await self._run_attempt(turn_id, attempt, queued)
         except TurnEnded:
@@ -335,6 +348,8 @@ class TurnRunner:
         except TerminalNotStored as exc:
             log.error("turn-end-not-stored", turn_id=turn_id, error=str(exc)[:300])
             return "unended"
+        finally:
+            self._windows.pop(turn_id, None)
 
     async def _run_attempt(self, turn_id: str, attempt: int, queued: dict[str, Any] | None = None) -> str:
         if attempt == 1 and queued is not None and queued.get("turnId") == turn_id:
@@ -947,12 +962,16 @@ class TurnRunner:
         fallback's should compaction be away), or the window could not be read (the caller asks compaction as
         before, whose own read, or the caller's fallback, handles it)."""
         started, t0 = decision_time(), time.monotonic()
-        try:
-            hist = await read_window(lambda req: self.backends.rpc.call("ctx.persist.history", req), conversation_id,
-                                     user_message_id, max_messages=settings.get("maxMessages"))
-        except RemoteError as exc:
-            log.warning("turn-start-history-unavailable", turn_id=turn_id, error=str(exc)[:300])
-            return None, None
+        carried = self._windows.pop(turn_id, None)
+        if carried and carried[-1]["id"] == user_message_id and not settings.get("maxMessages"):
+            hist = created_window(conversation_id, carried)
+        else:
+            try:
+                hist = await read_window(lambda req: self.backends.rpc.call("ctx.persist.history", req),
+                                         conversation_id, user_message_id, max_messages=settings.get("maxMessages"))
+            except RemoteError as exc:
+                log.warning("turn-start-history-unavailable", turn_id=turn_id, error=str(exc)[:300])
+                return None, None
         plan = plan_turn_start(hist, TurnStartSettings.from_payload(settings))
         if plan.fold is not None:
             return None, hist

@@ -41,7 +41,7 @@ class RunnerLoop:
         self.running[d.turn_id] = task
         try:
             async with Heartbeat(d.msg, self.settings.turn_ack_wait_s):
-                outcome = await self.runner.run(d.turn_id, attempt=d.attempt, queued=d.queued)
+                outcome = await self.runner.run(d.turn_id, attempt=d.attempt, queued=d.queued, window=d.window)
             log.info("turn-ended", turn_id=d.turn_id, outcome=outcome, attempt=d.attempt)
             self.outcomes[d.turn_id] = outcome
             while len(self.outcomes) > 4096:

@@ -9,6 +9,18 @@ from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
 from ..events.TurnQueued import TurnQueued
+from ..model import message
+
+
+class Window(ContractModel):
+    """
+    with `command` only, when the commit that recorded the command also created the conversation: the messages that commit stored (root → the turn's user message, oldest first), which is the whole turn-start window ctx.persist.history would read back — so the first attempt need not read it. A hint like `command`: trusted only on a first delivery, whose TurnStarted (expected version 1) checks that the commit it comes from is the one that happened
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    messages: Annotated[list[message.Message], Field(min_length=1)]
 
 
 class TurnRunCommand(ContractModel):
@@ -25,5 +37,11 @@ class TurnRunCommand(ContractModel):
         TurnQueued | None,
         Field(
             description="the TurnQueued data recorded as version 1 of turn:<turnId> (optional; a hint for the first attempt, never trusted past the expected-version check)"
+        ),
+    ] = None
+    window: Annotated[
+        Window | None,
+        Field(
+            description="with `command` only, when the commit that recorded the command also created the conversation: the messages that commit stored (root → the turn's user message, oldest first), which is the whole turn-start window ctx.persist.history would read back — so the first attempt need not read it. A hint like `command`: trusted only on a first delivery, whose TurnStarted (expected version 1) checks that the commit it comes from is the one that happened"
         ),
     ] = None
