@@ -1,5 +1,6 @@
-"""Pure parts of the real adapters: assembling streamed chunks/events (the SDKs' own types) into a ModelResponse,
-usage normalisation, tool-call argument parsing, and the SDK error → ProviderError mapping."""
+"""Pure parts of the real adapters: assembling streamed chunks (OpenAI: their decoded JSON) / events (Anthropic: the
+SDK's types) into a ModelResponse, usage normalisation, tool-call argument parsing, and the SDK error →
+ProviderError mapping."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ from openai.types.chat import ChatCompletionChunk
 from pydantic import TypeAdapter
 
 
-def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> ChatCompletionChunk:
+def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
+    """A chunk as the adapter gets it (its decoded JSON), checked against the SDK's own type."""
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return ChatCompletionChunk.model_validate({"id": "c", "object": "chat.completion.chunk", "created": 0,
-                                               "model": "m", "choices": choices, "usage": usage})
+    raw = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices,
+           "usage": usage}
+    ChatCompletionChunk.model_validate(raw)
+    return raw
 
 
 def call_frag(index: int, arguments: str, id: str | None = None, name: str | None = None) -> dict:
@@ -74,6 +78,23 @@ def test_chat_stream_without_usage_or_finish():
     with pytest.raises(ProviderError) as err:
         cut.result()
     assert err.value.retryable and "ended before" in str(err.value)
+
+
+def test_chat_stream_takes_nulls_where_compatible_servers_send_them():
+    s = ChatStream("m")
+    for c in [{"choices": [{"index": 0, "delta": None, "finish_reason": None}], "usage": None},
+              {"choices": [{"index": 0, "delta": {"content": None, "tool_calls": None}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "k", "function": None}]}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [
+                  {"index": 0, "function": {"name": "f", "arguments": "{}"}}]}}]},
+              {"choices": [{"index": 1, "delta": {"content": "another choice"}}]},
+              {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "tool_calls"}]},
+              {"choices": None, "usage": {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": None}}]:
+        s.feed(c)
+    r = s.result()
+    assert r.parts == [{"type": "text", "text": "ok"},
+                       {"type": "tool-call", "toolCallId": "k", "toolName": "f", "input": {}}]
+    assert r.usage == {"inputTokens": 3, "outputTokens": 2}
 
 
 def test_chat_stream_malformed_arguments_are_a_typed_error():

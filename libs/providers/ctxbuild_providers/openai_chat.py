@@ -3,6 +3,12 @@ compatible endpoint, aggregators): ctxbuild's parts ⇄ the chat wire format, st
 
 Usage: ``prompt_tokens`` → inputTokens (it already includes cached tokens), ``completion_tokens`` →
 outputTokens, ``prompt_tokens_details.cached_tokens`` → cacheReadTokens when the server reports it.
+
+The call goes through the SDK's documented generic verb (``client.post``, the README's "undocumented endpoints"):
+the client's retries, timeouts, auth, status errors, SSE decoding and mid-stream error events as
+``chat.completions.create`` has them, without the two steps that are pure overhead here — walking our params
+against the SDK's TypedDicts (nothing in them is aliased or reformatted; we build the wire shape ourselves) and
+building a pydantic model per streamed chunk that we read once (``cast_to=object``: the decoded JSON as is).
 """
 
 from __future__ import annotations
@@ -62,11 +68,16 @@ def to_wire_tools(request: ModelRequest) -> list[dict[str, Any]]:
                                               "parameters": t.input_schema}} for t in request.tools]
 
 
-def wire_usage(u: Any) -> dict[str, int]:
-    if u is None:  # a server that does not meter (or ignored stream_options)
+def _obj(value: Any) -> dict[str, Any]:
+    """A wire object, or an empty one where the server sent null (or something else)."""
+    return value if isinstance(value, dict) else {}
+
+
+def wire_usage(u: dict[str, Any] | None) -> dict[str, int]:
+    if not isinstance(u, dict):  # a server that does not meter (or ignored stream_options)
         return usage_dict(0, 0)
-    cached = getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", None)
-    return usage_dict(u.prompt_tokens, u.completion_tokens, cache_read=cached)
+    cached = _obj(u.get("prompt_tokens_details")).get("cached_tokens")
+    return usage_dict(u.get("prompt_tokens") or 0, u.get("completion_tokens") or 0, cache_read=cached)
 
 
 def _response(model: str, text: str, calls: list[tuple[str, str, Any]], usage: dict[str, int]) -> ModelResponse:
@@ -78,16 +89,18 @@ def _response(model: str, text: str, calls: list[tuple[str, str, Any]], usage: d
 
 
 def from_wire(completion: Any, model: str = "model") -> ModelResponse:
-    """A non-streamed ChatCompletion → ModelResponse."""
-    if not completion.choices:
+    """A non-streamed chat completion (its JSON) → ModelResponse."""
+    choices = _obj(completion).get("choices")
+    if not choices or not isinstance(choices, list):
         raise ProviderError(f"{model}: empty completion")
-    msg = completion.choices[0].message
-    calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
-    return _response(model, msg.content or "", calls, wire_usage(completion.usage))
+    msg = _obj(_obj(choices[0]).get("message"))
+    calls = [(c.get("id"), _obj(c.get("function")).get("name"), _obj(c.get("function")).get("arguments"))
+             for c in map(_obj, msg.get("tool_calls") or [])]
+    return _response(model, msg.get("content") or "", calls, wire_usage(completion.get("usage")))
 
 
 class ChatStream:
-    """Assembles streamed ChatCompletionChunks into the ModelResponse the non-streamed call would give.
+    """Assembles streamed chat completion chunks (their JSON) into the ModelResponse the non-streamed call would give.
 
     Tool calls arrive as fragments keyed by ``index``: the first carries id and name, later ones append to
     ``arguments`` (one chunk may hold several fragments of one index). The usage chunk comes last with no
@@ -102,29 +115,29 @@ class ChatStream:
 
     def feed(self, chunk: Any) -> str | None:
         """Take one chunk; return its text delta, if any."""
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
+        chunk = _obj(chunk)
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
         delta_text: list[str] = []
-        for choice in chunk.choices or []:
-            if choice.index != 0:
+        for choice in map(_obj, chunk.get("choices") or []):
+            if choice.get("index", 0) != 0:
                 continue
-            delta = choice.delta
-            if delta is not None and delta.content:
-                self.text.append(delta.content)
-                delta_text.append(delta.content)
-            for frag in (delta.tool_calls if delta is not None else None) or []:
-                call = self.calls.setdefault(frag.index, {"id": "", "name": "", "arguments": []})
-                if frag.id and not call["id"]:
-                    call["id"] = frag.id
-                fn = frag.function
-                if fn is not None:
-                    # some compatible servers repeat the full name on every fragment
-                    if fn.name and fn.name != call["name"]:
-                        call["name"] += fn.name
-                    if fn.arguments:
-                        call["arguments"].append(fn.arguments)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
+            delta = _obj(choice.get("delta"))
+            if content := delta.get("content"):
+                self.text.append(content)
+                delta_text.append(content)
+            for frag in map(_obj, delta.get("tool_calls") or []):
+                call = self.calls.setdefault(frag.get("index", 0), {"id": "", "name": "", "arguments": []})
+                if frag.get("id") and not call["id"]:
+                    call["id"] = frag["id"]
+                fn = _obj(frag.get("function"))
+                # some compatible servers repeat the full name on every fragment
+                if fn.get("name") and fn["name"] != call["name"]:
+                    call["name"] += fn["name"]
+                if fn.get("arguments"):
+                    call["arguments"].append(fn["arguments"])
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
         return "".join(delta_text) or None
 
     def result(self) -> ModelResponse:
@@ -167,6 +180,12 @@ def openai_client(*, base_url: str | None, api_key: str | None, timeout_s: float
                               max_retries=max_retries)
 
 
+_PATH = "/chat/completions"
+# the auth chat.completions.create asks for (the client's API key as a bearer token)
+_OPTIONS = openai.RequestOptions(security={"bearer_auth": True})
+_CHUNKS = openai.AsyncStream[object]  # each SSE chunk as its decoded JSON
+
+
 class OpenAIChatProvider:
     name = "openai"
 
@@ -190,25 +209,26 @@ class OpenAIChatProvider:
                 kwargs["parallel_tool_calls"] = request.parallel_tool_calls
         if request.max_output_tokens:
             kwargs["max_tokens"] = request.max_output_tokens
-        if extra := {k: v for k, v in request.options.items() if k not in kwargs}:
-            kwargs["extra_body"] = extra  # merged into the JSON body whatever the SDK version names
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
+        # the client's sampling options, in the body whatever the SDK version names (never over ours)
+        kwargs.update((k, v) for k, v in request.options.items() if k not in kwargs)
         return kwargs
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
-        params = self.params(request)
+        body = self.params(request)
         try:
             if not self.stream:
-                completion = await self.client.chat.completions.create(**params)
+                completion = await self.client.post(_PATH, body=body, cast_to=object, options=_OPTIONS)
                 response = from_wire(completion, self.model)
                 text = "".join(p["text"] for p in response.parts if p["type"] == "text")
                 if on_text is not None and text:
                     await on_text(text)
                 return response
             assembler = ChatStream(self.model)
-            async with await self.client.chat.completions.create(**params) as chunks:
+            async with await self.client.post(_PATH, body=body, cast_to=object, options=_OPTIONS, stream=True,
+                                              stream_cls=_CHUNKS) as chunks:
                 async for chunk in chunks:
                     delta = assembler.feed(chunk)
                     if delta and on_text is not None:
