@@ -1,7 +1,8 @@
 """The runner's first attempt trusts the command its work-queue message carries (ctx.turn.run ``command``) and does
 not read the turn stream first: the expected-version append of TurnStarted is the check. A turn that moved on
 before the runner picked it up (here: an abort recorded after TurnQueued) ends as that says — aborted, with no
-model call and no TurnStarted — not as the stale command says."""
+TurnStarted — not as the stale command says. The first model call runs beside TurnStarted's append (issue #19), so
+it may have been asked: nothing of it is recorded or streamed (its deltas are held until TurnStarted is stored)."""
 
 from __future__ import annotations
 
@@ -58,9 +59,24 @@ async def queue_turn(rpc, stack, text: str, *, abort_first: bool) -> tuple[str, 
     return cid, tid
 
 
+async def seen_deltas(nc, sub, turn_id: str) -> list[str]:
+    """The texts of the turn's live deltas received so far: the flush's round trip comes back after anything the
+    server routed to this connection before it (a delta is sent before the turn's end is stored)."""
+    await nc.flush()
+    msgs = [await sub.next_msg() for _ in range(sub.pending_msgs)]
+    return [json.loads(m.data)["text"] for m in msgs if m.subject == f"ctx.turn.delta.{turn_id}"]
+
+
 async def test_a_command_riding_in_the_message_runs_the_turn_and_ends_in_one_commit(runner, rpc, stack, pg):
-    cid, tid = await queue_turn(rpc, stack, "hello", abort_first=False)
-    evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        deltas = await nc.subscribe("ctx.turn.delta.*")
+        await nc.flush()  # subscribed before the turn is queued
+        cid, tid = await queue_turn(rpc, stack, "hello", abort_first=False)
+        evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
+        assert await seen_deltas(nc, deltas, tid) == ["answered"]
+    finally:
+        await nc.close()
     assert [e["type"] for e in evs] == ["TurnQueued", "TurnStarted", "CompactionDecided", "StepServed",
                                         "TurnCompleted"], [(e["type"], e["data"]) for e in evs[-1:]]
     served = evs[3]["data"]
@@ -74,7 +90,15 @@ async def test_a_command_riding_in_the_message_runs_the_turn_and_ends_in_one_com
 
 
 async def test_a_stale_command_in_the_message_meets_the_abort(runner, rpc, stack):
-    _, tid = await queue_turn(rpc, stack, "hello", abort_first=True)
-    evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    try:
+        deltas = await nc.subscribe("ctx.turn.delta.*")
+        await nc.flush()  # subscribed before the turn is queued
+        _, tid = await queue_turn(rpc, stack, "hello", abort_first=True)
+        evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
+        # the replay model may have answered beside the refused TurnStarted: none of its text went out
+        assert await seen_deltas(nc, deltas, tid) == []
+    finally:
+        await nc.close()
     assert [e["type"] for e in evs] == ["TurnQueued", "TurnAbortRequested", "TurnFailed"], [e["type"] for e in evs]
     assert evs[-1]["data"]["code"] == "aborted" and "changed my mind" in evs[-1]["data"]["message"]

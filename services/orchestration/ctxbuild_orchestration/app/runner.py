@@ -117,7 +117,8 @@ class TurnStream:
         self.stream = f"turn:{turn_id}"
         self.version = version
         self._pending: asyncio.Task | None = None
-        self.opening: asyncio.Task | None = None  # TurnStarted's append, started beside turn-start compaction
+        # TurnStarted's append, started beside turn-start compaction and the first model call
+        self.opening: asyncio.Task | None = None
         self._deferred: list[dict[str, Any]] = []  # written at the head of the stream's next append
 
     def defer(self, type_: str, data: dict[str, Any], *key: Any) -> None:
@@ -151,9 +152,10 @@ class TurnStream:
         return task
 
     async def opened(self) -> None:
-        """Before the first model call: TurnStarted is stored — the turn is this runner's (an abort or another
-        writer met by its expected version stops the attempt here, before any model is asked). Appends started
-        after it keep running."""
+        """Before anything the first model call produced is streamed, recorded or acted on: TurnStarted is stored —
+        the turn is this runner's (an abort or another writer met by its expected version stops the attempt here;
+        the call, still running, is cancelled: :meth:`TurnRunner._complete`). Appends started after it keep
+        running."""
         if self.opening is not None:
             opening, self.opening = self.opening, None
             try:
@@ -161,6 +163,20 @@ class TurnStream:
             except BaseException:
                 self._deferred.clear()  # not this attempt's turn: nothing it decided is recorded
                 raise
+
+    def once_opened(self, work: Callable[..., Awaitable[Any]], *args: Any, otherwise: Any = None) -> Awaitable[Any]:
+        """``work(*args)`` once TurnStarted is stored (at once when it is not pending), ``otherwise`` when it was
+        not: a write beside the model call that an attempt which does not own the turn must not make."""
+        opening = self.opening  # taken now: :meth:`opened` clears it while the call runs
+
+        async def run() -> Any:
+            if opening is not None:
+                await asyncio.wait({opening})
+                if opening.cancelled() or opening.exception() is not None:
+                    return otherwise
+            return await work(*args)
+
+        return run()
 
     async def settle(self) -> None:
         """Wait for the append started by :meth:`emit_beside` (raising what it raised)."""
@@ -218,6 +234,37 @@ class TurnStream:
             return TurnAborted(foreign[-1]["data"].get("reason") or "requested")
         return TurnTakenOver(f"{self.stream} moved past version {self.version}: "
                              f"{[e['type'] for e in foreign]}")
+
+
+class HeldDeltas:
+    """A step's live text deltas, sent in order by ``send``: held while the attempt's TurnStarted is not stored —
+    no client sees text of an attempt that turns out not to own the turn — then sent (:meth:`release`), or
+    dropped when it is not stored (:meth:`drop`)."""
+
+    def __init__(self, send: Callable[[str], Awaitable[None]], held: bool) -> None:
+        self._send = send
+        self._released = not held
+        self._queue: list[str] | None = []  # None: dropped
+        self._sending = asyncio.Lock()  # the release and the call's next delta: one sender, in order
+
+    async def on_text(self, text: str) -> None:
+        if not text or self._queue is None:
+            return
+        self._queue.append(text)
+        if self._released:
+            await self._flush()
+
+    async def release(self) -> None:
+        self._released = True
+        await self._flush()
+
+    def drop(self) -> None:
+        self._queue = None
+
+    async def _flush(self) -> None:
+        async with self._sending:
+            while self._queue:
+                await self._send(self._queue.pop(0))
 
 
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
@@ -382,8 +429,8 @@ class TurnRunner:
                         ts.opening = ts.emit_beside("TurnStarted", {
                             "turnId": turn_id, "conversationId": cmd["conversationId"],
                             "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]})
-                        # its request goes out first: a write, it takes longer than the turn-start read, and the
-                        # first model call waits for both
+                        # its request goes out first: a write, it takes longer than the turn-start read, and what
+                        # the first model call produces waits for it
                         await asyncio.sleep(0)
                     else:
                         await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
@@ -534,19 +581,17 @@ class TurnRunner:
                                        parallel_tool_calls=cmd.get("parallelToolCalls"),
                                        options=cmd.get("options") or {})  # the gateway client's choices
                 body = request.render()
-                await ts.opened()
                 request_hash = hashlib.sha256(body).hexdigest()
                 inline = content.inline_request(body) if self.keep_requests else None
-                stored = asyncio.create_task(self._keep_request(conversation_id, turn_id, body)) \
+                # a blob of the turn: not written for an attempt whose TurnStarted is refused
+                stored = asyncio.create_task(ts.once_opened(self._keep_request, conversation_id, turn_id, body,
+                                                            otherwise={})) \
                     if self.keep_requests and inline is None else None
                 if stored is not None:
                     # let the put go out first: with a fast upstream it is the longest thing before the turn's end
                     # commit, and the SDK's request building runs before the provider call yields
                     await asyncio.sleep(0)
-                with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
-                    t0 = time.perf_counter()
-                    response = await self._complete(provider, request, step, turn_id)
-                    model_ms = round((time.perf_counter() - t0) * 1000, 3)
+                response, model_ms = await self._complete(provider, request, step, turn_id, ts)
                 parent = turn_messages[-1]["id"] if turn_messages else user_message_id
                 a_msg = {"id": message_id(turn_id, step, "a"), "parentId": parent, "role": "assistant",
                          "parts": response.parts, "turnId": turn_id}
@@ -582,21 +627,50 @@ class TurnRunner:
         await self._fail(ts, "step-limit", f"the turn needed more than {max_steps} model calls; its {max_steps} "
                          "steps are kept in the conversation — send a follow-up message to continue", retryable=False)
 
-    async def _complete(self, provider: Provider, request: ModelRequest, step: int, turn_id: str):
-        on_text = self._delta_publisher(turn_id, step)
-        if isinstance(provider, ReplayProvider):  # the runner knows the step (folds shift counts)
-            return await provider.complete(request, step=step, on_text=on_text)
-        return await provider.complete(request, on_text=on_text)
+    async def _complete(self, provider: Provider, request: ModelRequest, step: int, turn_id: str,
+                        ts: TurnStream) -> tuple[Any, float]:
+        """(The response, the call's ms.) A first attempt's first call does not wait for TurnStarted's append
+        (``ts.opening``), what it produces does: its deltas are held and its response returned once TurnStarted is
+        stored; refused (an abort, another writer), the call is cancelled — the SDK closes the connection — and the
+        refusal raised, nothing of the call sent or recorded."""
+        pending = ts.opening is not None and not ts.opening.done()
+        deltas = self._delta_publisher(turn_id, step, held=pending)
 
-    def _delta_publisher(self, turn_id: str, step: int):
+        async def call() -> tuple[Any, float]:
+            with span("provider.call", **{"ctx.step": step, "ctx.provider": getattr(provider, "name", "")}):
+                t0 = time.perf_counter()
+                if isinstance(provider, ReplayProvider):  # the runner knows the step (folds shift counts)
+                    response = await provider.complete(request, step=step, on_text=deltas.on_text)
+                else:
+                    response = await provider.complete(request, on_text=deltas.on_text)
+                return response, round((time.perf_counter() - t0) * 1000, 3)
+
+        if not pending:
+            await ts.opened()  # stored already (or refused: raised here, before any model is asked)
+            return await call()
+        task = asyncio.create_task(call())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a refused attempt's call: not retrieved
+        try:
+            try:
+                await ts.opened()
+            except BaseException:
+                deltas.drop()
+                task.cancel()
+                await asyncio.wait({task})  # the call is over before the attempt ends
+                raise
+            await deltas.release()
+            return await task
+        finally:
+            task.cancel()  # the attempt cancelled (drain) while the call ran; a no-op once it is done
+
+    def _delta_publisher(self, turn_id: str, step: int, held: bool = False) -> HeldDeltas:
         """Text deltas go out on core NATS (ctx.turn.delta.<turn>) for live SSE, never to the event store: the
-        step's assistant message is the durable record. Fire and forget — a lost delta costs nothing."""
+        step's assistant message is the durable record. Fire and forget — a lost delta costs nothing. ``held``:
+        kept back until :meth:`HeldDeltas.release` (TurnStarted not stored yet)."""
         seq = 0
 
-        async def on_text(text: str) -> None:
+        async def send(text: str) -> None:
             nonlocal seq
-            if not text:
-                return
             try:
                 await publish_delta(self.backends.rpc.broker,
                                     TurnTextDelta(turnId=turn_id, step=step, seq=seq, text=text))
@@ -604,7 +678,7 @@ class TurnRunner:
             except Exception as exc:  # noqa: BLE001 - streaming is a courtesy, the turn must go on
                 log.debug("delta-not-sent", turn_id=turn_id, error=str(exc))
 
-        return on_text
+        return HeldDeltas(send, held)
 
     async def _keep_request(self, conversation_id: str, turn_id: str, body: bytes) -> dict[str, Any]:
         """The served request, byte for byte, as a blob of the turn (its sha256 is the StepServed requestHash):
