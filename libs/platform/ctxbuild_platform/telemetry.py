@@ -43,11 +43,14 @@ def configure_tracing(service: str, otlp_endpoint: str | None = None,
     return provider
 
 
+# a proxy until configure_tracing installs the provider, then that provider's tracer (not looked up per span)
+_tracer = trace.get_tracer("ctxbuild")
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
     """A span on the global tracer; safe with or without a configured provider."""
-    tracer = trace.get_tracer("ctxbuild")
-    with tracer.start_as_current_span(name) as s:
+    with _tracer.start_as_current_span(name) as s:
         for k, v in attributes.items():
             if v is not None:
                 s.set_attribute(k, v)
