@@ -80,7 +80,10 @@ def build(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="ctxbuild orchestration", version="0.2.0",
                   description="HTTP/SSE edge of ctxbuild: conversations, attachments, turns (durable, resumable), "
-                              "progress, served requests, tool-result read-back.")
+                              "progress, served requests, tool-result read-back.",
+                  # the HTTP server span of every request stays; FastAPI's own spans of its internals (dependency
+                  # resolution, the endpoint call, serialisation) go, as its request metrics do (no meter provider)
+                  telemetry={"operation_spans": False, "metrics": False})
     app.include_router(router)
     auth = Authenticator(AuthConfig.from_settings(settings), backends.read_stream_all)
     if settings.role in ("all", "edge"):
