@@ -20,6 +20,7 @@ is a no-op, a second live writer is a typed conflict (the runner then leaves the
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import time
@@ -269,7 +270,14 @@ class HeldDeltas:
 
 def fixed_tokens(system: str, tools: list[ToolSpec]) -> int:
     """Tokens every request carries besides its messages (the system prompt and the tool definitions)."""
-    return count_text(system) + count_text(json.dumps([t.as_dict() for t in tools], ensure_ascii=False))
+    return _fixed_text_tokens(system) + _fixed_text_tokens(json.dumps([t.as_dict() for t in tools],
+                                                                      ensure_ascii=False))
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_text_tokens(text: str) -> int:
+    # the system prompt and the tool definitions are mostly the same from turn to turn: counted once each
+    return count_text(text)
 
 
 def progress(phase: str, turn_id: str, d: dict[str, Any], step: int | None = None) -> dict[str, Any]:
