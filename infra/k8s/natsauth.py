@@ -344,6 +344,9 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
         await step("persistence: ensure CTX_EVENTS", relay.ensure_stream())
         await step("persistence: publish an event", c["persistence"].nc.jetstream(timeout=5).publish(
             "ctx.evt.Probe", b"{}", headers={"Nats-Msg-Id": "e-1"}))
+        # a turn's work-queue command, published by persistence right after the commit recording it
+        await step("persistence: enqueue a turn command", c["persistence"].nc.jetstream(timeout=5).publish(
+            "ctx.turn.run", b'{"turnId":"turn-2","conversationId":"conv-1"}', headers={"Nats-Msg-Id": "turn-2"}))
 
         # the MCP catalog's KV buckets (real adapters)
         buckets = KvBuckets(lambda: c["mcp-catalog"].nc, tools="ctx_mcp_tools", leases="ctx_mcp_leases",

@@ -33,6 +33,12 @@ class Settings(ServiceSettings):
     events_max_age_s: float = Field(
         7 * 86_400.0, ge=0, description="age limit of the events stream when the relay creates it (0 = none); "
                                          "the event log of record is Postgres (consumers catch up with read_all)")
+    enqueue_subject_prefix: str = Field(
+        "ctx.turn.run", description="ctx.persist.append_batch publishes a request's `enqueue` message (after the "
+        "commit) only to a subject starting with this (the turn work queue's); any other is refused. Empty: none")
+    enqueue_timeout_s: float = Field(
+        1.0, gt=0, description="how long the enqueue publish waits for JetStream's ack; past it the reply says "
+                               "not enqueued (the commit stands) and the caller publishes itself")
     relay_poll_interval_s: float = Field(0.5, gt=0, description="outbox poll interval when idle")
     relay_min_interval_s: float = Field(
         0.05, ge=0, description="appends wake the relay at most once per this interval (a burst of appends is "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from ctxbuild_blobclient import BlobClient
@@ -13,6 +13,9 @@ from ctxbuild_blobclient.chunks import Content
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+if TYPE_CHECKING:
+    from .work_queue import TurnMessage
 
 log = structlog.get_logger("backends")
 T = TypeVar("T")
@@ -121,15 +124,22 @@ class Backends:
         return reply
 
     async def append_streams(self, groups: list[tuple[str, list[dict[str, Any]], int | None]],
-                             patience_s: float | None = None) -> list[dict]:
+                             patience_s: float | None = None, enqueue: TurnMessage | None = None) -> list[dict]:
         """Append to several streams in ONE commit (``ctx.persist.append_batch``): ``(stream, events, expected)``
         per stream, distinct streams, written in this order; all or nothing — a ``version-conflict`` or
         ``event-id-conflict`` in any group stores none of them. Each group follows :meth:`append`'s rules, so a
-        retry of the whole batch by the same event ids is a no-op success. One ``append`` reply per group."""
-        req = {"appends": [{"streamId": s, "expectedVersion": exp, "events": evs} for s, evs, exp in groups]}
+        retry of the whole batch by the same event ids is a no-op success. One ``append`` reply per group.
+        ``enqueue``: the work-queue message persistence publishes right after the commit; ``enqueue.enqueued`` says
+        whether it did (false: publish it yourself)."""
+        req: dict[str, Any] = {"appends": [{"streamId": s, "expectedVersion": exp, "events": evs}
+                                           for s, evs, exp in groups]}
+        if enqueue is not None:
+            req["enqueue"] = enqueue.handoff()
         out = await patiently(lambda: self.rpc.call("ctx.persist.append_batch", req),
                               within_s=self.patience_s if patience_s is None else patience_s,
                               what=f"append {', '.join(s for s, _, _ in groups)}")
+        if enqueue is not None:
+            enqueue.enqueued = out.get("enqueued") is True
         for (stream, _, _), result in zip(groups, out["results"], strict=False):
             if stream.startswith(TURN_PREFIX):
                 await announce_appended(self.rpc.broker, stream[len(TURN_PREFIX):], result["toVersion"])

@@ -1,9 +1,12 @@
 """Durable turns: a JetStream work-queue stream of turn commands, pulled by the runner replicas.
 
-- The edge publishes ``{turnId, conversationId}`` on ``ctx.turn.run`` with ``Nats-Msg-Id = turnId`` (a retried
+- A turn's command ``{turnId, conversationId}`` goes on ``ctx.turn.run`` with ``Nats-Msg-Id = turnId`` (a retried
   publish is dropped as a duplicate). What to run is in the turn's events (TurnQueued); the message may carry
   that event's data as ``command`` (up to ``COMMAND_MAX_BYTES``) so a first attempt starts without reading the
   stream — the runner's expected-version append of TurnStarted checks that nothing else was written since.
+  The edge hands the message to persistence with the commit that records the command (``ctx.persist.append_batch``
+  ``enqueue``), which publishes it right after that commit; the edge publishes it itself only when the reply says
+  it was not (an older persistence, a failed publish) and when it resubmits a stranded turn.
 - A runner fetches only as many commands as it has free slots. While a turn runs, the runner sends
   ``in_progress`` every ``ack_wait/3``; a replica that dies stops the heartbeats, the command is redelivered
   after ``ack_wait`` to another replica, and that one resumes from the events.
@@ -61,6 +64,21 @@ class QueueConfig:
 
 
 RUN_SCHEMA = "subjects/ctx.turn.run.request.json"
+
+
+@dataclass
+class TurnMessage:
+    """A turn's work-queue message, built once: published by the edge, or handed with the command's commit to
+    persistence, which publishes it right after that commit (``ctx.persist.append_batch`` ``enqueue``)."""
+
+    subject: str
+    turn_id: str  # its Nats-Msg-Id
+    body: dict
+    enqueued: bool = False  # persistence's reply said JetStream has it: not published again
+
+    def handoff(self) -> dict:
+        """The ``enqueue`` of an append_batch request."""
+        return {"subject": self.subject, "msgId": self.turn_id, "body": self.body}
 
 
 def turn_command(raw: bytes) -> TurnRunCommand:
@@ -132,22 +150,28 @@ class TurnQueue:
                 await js.consumer_info(c.stream, c.durable)
         await self.dead_letters.ensure()
 
-    async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None,
-                     window: list[dict] | None = None) -> None:
-        """``command``: the TurnQueued data just recorded as version 1 of the turn (rides along when small);
-        ``window``: the messages of the conversation that same commit created (ride along with the command when
-        both fit)."""
+    def message(self, turn_id: str, conversation_id: str, command: dict | None = None,
+                window: list[dict] | None = None) -> TurnMessage:
+        """The turn's work-queue message. ``command``: the TurnQueued data just recorded as version 1 of the turn
+        (rides along when small); ``window``: the messages of the conversation that same commit created (ride along
+        with the command when both fit)."""
         body = dump(TurnRunCommand(turnId=turn_id, conversationId=conversation_id))
         if command is not None:
             tries = ([{**body, "command": command, "window": {"messages": window}}] if window else []) + [
                 {**body, "command": command}]
             for full in tries:
-                with_command = json.dumps(full, ensure_ascii=False).encode()
-                if len(with_command) <= COMMAND_MAX_BYTES:
-                    await self._js().publish(self.config.subject, with_command, headers={"Nats-Msg-Id": turn_id})
-                    return
-        payload = json.dumps(body).encode()
-        await self._js().publish(self.config.subject, payload, headers={"Nats-Msg-Id": turn_id})
+                if len(json.dumps(full, ensure_ascii=False).encode()) <= COMMAND_MAX_BYTES:
+                    return TurnMessage(self.config.subject, turn_id, full)
+        return TurnMessage(self.config.subject, turn_id, body)
+
+    async def publish(self, message: TurnMessage) -> None:
+        await self._js().publish(message.subject, json.dumps(message.body, ensure_ascii=False).encode(),
+                                 headers={"Nats-Msg-Id": message.turn_id})
+
+    async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None,
+                     window: list[dict] | None = None) -> None:
+        """:meth:`message`, published."""
+        await self.publish(self.message(turn_id, conversation_id, command, window))
 
     async def pending(self) -> dict[str, int]:
         info = await self._js().consumer_info(self.config.stream, self.config.durable)

@@ -26,7 +26,7 @@ from ..adapters.aborts import publish_abort
 from ..adapters.auth import Authenticator
 from ..adapters.backends import Backends, new_event
 from ..adapters.deltas import TurnFeed
-from ..adapters.work_queue import TurnQueue
+from ..adapters.work_queue import TurnMessage, TurnQueue
 from ..domain.keys import KEY_INDEX, KEY_STREAM, LEGACY_TENANT, Principal, new_key
 from ..domain.turn_state import TERMINAL, TurnState, event_id, fold
 from .results import full_output
@@ -267,29 +267,35 @@ class Edge:
                       settings: dict[str, Any], max_steps: int | None, regenerate_of: str | None = None,
                       extra: dict[str, Any] | None = None, alongside: Awaitable[Any] | None = None,
                       streams: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> None:
-        """Record the command, then submit it. ``streams``: appends ``(stream, events, expected version)`` stored in
-        the command's commit (all or nothing). ``alongside``: work the runner needs done before the command is
-        submitted, not before it is recorded: run beside the TurnQueued append; a failure of either submits
-        nothing."""
+        """Record the command, then submit it: persistence publishes it right after the commit (the work-queue
+        message goes with the append), the edge only when that did not happen. ``streams``: appends ``(stream,
+        events, expected version)`` stored in the command's commit (all or nothing). ``alongside``: work the runner
+        needs done before the command is submitted, not before it is recorded: run beside the TurnQueued append
+        (the edge submits after both); a failure of either submits nothing."""
         cmd = self.queued_event(conversation_id, turn_id, user_message_id, provider, settings, max_steps,
                                 regenerate_of, extra)
-        recorded = (self.backends.append_streams([*streams, (f"turn:{turn_id}", [cmd], 0)]) if streams
-                    else self.backends.append(f"turn:{turn_id}", [cmd], expected=0))
+        message = self.queue.message(turn_id, conversation_id, cmd["data"])
+        groups = [*streams, (f"turn:{turn_id}", [cmd], 0)]
         if alongside is None:
-            await recorded
+            await self.backends.append_streams(groups, enqueue=message)
         else:
-            for outcome in await asyncio.gather(recorded, alongside, return_exceptions=True):
+            for outcome in await asyncio.gather(self.backends.append_streams(groups), alongside,
+                                                return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     raise outcome
-        await self.submit(turn_id, conversation_id, cmd["data"])
+        await self.submit(turn_id, conversation_id, message=message)
 
     async def submit(self, turn_id: str, conversation_id: str, command: dict[str, Any] | None = None,
-                     window: list[dict[str, Any]] | None = None) -> None:
+                     window: list[dict[str, Any]] | None = None, message: TurnMessage | None = None) -> None:
         """The recorded command to the work queue (``command``: its TurnQueued data, riding along so the runner need
-        not read it back; ``window``: the messages of the conversation that commit created, likewise); a refusal
-        ends the turn (its admission no longer holds the conversation)."""
+        not read it back; ``window``: the messages of the conversation that commit created, likewise; ``message``:
+        the one built already — nothing to do when persistence enqueued it with the commit); a refusal ends the
+        turn (its admission no longer holds the conversation)."""
+        message = message or self.queue.message(turn_id, conversation_id, command, window)
+        if message.enqueued:
+            return
         try:
-            await self.queue.submit(turn_id, conversation_id, command, window)
+            await self.queue.publish(message)
         except Exception as exc:
             await self.backends.append(f"turn:{turn_id}", [terminal_failure(turn_id, {
                 "turnId": turn_id, "code": "unavailable", "message": "the work queue refused the turn",
@@ -332,7 +338,8 @@ class Edge:
 
     async def admit(self, conversation_id: str, turn_id: str, user_message_id: str,
                     regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None,
-                    alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> int:
+                    alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = (),
+                    enqueue: TurnMessage | None = None) -> int:
         """One running turn per conversation (SPEC §15.3), race-free: the previous admission's turn must have
         ended, and the new admission is appended with the admissions stream's expected version — of concurrent
         requests exactly one is admitted, the others get 409. ``fresh``: a conversation this request has just
@@ -340,7 +347,9 @@ class Edge:
         version of an admission whose turn the caller saw end — appended after it without reading; anything
         admitted since makes that append conflict, and the stream is then read as usual. ``alongside``: appends
         ``(stream, events, expected version)`` stored in the admission's commit (``ctx.persist.append_batch``): a
-        refused admission stores none of them, an admitted one all. Returns the version of the new admission."""
+        refused admission stores none of them, an admitted one all; ``enqueue``: the work-queue message of the
+        command among them, published by persistence after that commit (``enqueue.enqueued``). Returns the version
+        of the new admission."""
         stream = ADMISSIONS_PREFIX + conversation_id
         data = {"turnId": turn_id, "userMessageId": user_message_id}
         if regenerate_of:
@@ -349,7 +358,7 @@ class Edge:
         async def write(expected: int) -> None:
             admission = [new_event("TurnAdmitted", data)]
             if alongside:
-                await self.backends.append_streams([(stream, admission, expected), *alongside])
+                await self.backends.append_streams([(stream, admission, expected), *alongside], enqueue=enqueue)
             else:
                 await self.backends.append(stream, admission, expected=expected)
 
@@ -376,9 +385,10 @@ class Edge:
 
     async def admit_for(self, who: Principal, conversation_id: str, turn_id: str, user_message_id: str,
                         regenerate_of: str | None = None, fresh: bool = False, ended_at: int | None = None,
-                        alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = ()) -> int:
+                        alongside: Sequence[tuple[str, list[dict[str, Any]], int | None]] = (),
+                        enqueue: TurnMessage | None = None) -> int:
         """The caller's running-turn limit (429), then the conversation's one running turn (409); the new
-        admission's version (``alongside``: see :meth:`admit`)."""
+        admission's version (``alongside``, ``enqueue``: see :meth:`admit`)."""
         async def running(t: str) -> bool:
             if t in self.ended_turns:
                 return False
@@ -391,7 +401,7 @@ class Edge:
         await self.auth.admit_turn(who, turn_id, running)
         try:
             return await self.admit(conversation_id, turn_id, user_message_id, regenerate_of, fresh, ended_at,
-                                    alongside)
+                                    alongside, enqueue)
         except BaseException:
             self.auth.turn_not_started(who, turn_id)
             raise

@@ -14,7 +14,8 @@
    client's tools beside ctxbuild's own and ends the turn when the model calls one of them. The admission, a new
    conversation's creation, the new messages, their prefix records and the command are ONE commit
    (``ctx.persist.append_batch``): a refused admission (409) stores none of them, and a message is never findable
-   by its prefix before it is stored. Then the command is submitted to the work queue.
+   by its prefix before it is stored. Its work-queue message goes with that commit: persistence publishes it right
+   after the commit, the edge only when it did not (the lane's path below submits after the lane, as before).
 3. New messages with client tool results are stored through the persist lane instead (one call, idempotent by
    the turn; after the admission, before the submit), the results trimmed by the in-flight lane first
    (``ctx.truncate.step``, offloads owned by the turn until the lane promotes them to the message), so every later
@@ -302,6 +303,10 @@ class Gateway:
         # the prefix records in the commit of the messages they name (a lane's messages are stored after it, and
         # an early admission commits apart from them: their records go beside the turn)
         in_commit = found is None and not lane and not early and len(records) + 3 <= BATCH_MAX_GROUPS
+        # a conversation this commit created holds exactly these messages: the runner need not read them back
+        window = stored if created and in_commit and all(inline(m) for m in stored) else None
+        message = self.edge.queue.message(turn_id, conversation_id, queued["data"], window)
+        handoff = None if lane else message  # the lane stores results after the commit: the submit waits for it
         admitted = sent = False
         try:
             ended_at = None if created else self.ended.pop(conversation_id, None)
@@ -319,11 +324,12 @@ class Gateway:
                 groups += [prefix_group(*r) for r in records]
             sent = True
             if admitted:
-                await self.backends.append_streams(groups)
+                await self.backends.append_streams(groups, enqueue=handoff)
             else:  # admission, creation, new messages, their prefixes and command: one commit, all or nothing
                 try:
                     started.admission = await self.edge.admit_for(who, conversation_id, turn_id, task_id,
-                                                                  fresh=created, ended_at=ended_at, alongside=groups)
+                                                                  fresh=created, ended_at=ended_at, alongside=groups,
+                                                                  enqueue=handoff)
                 except RemoteError as exc:
                     if in_commit and exc.code == "version-conflict" and str(
                             (exc.details or {}).get("streamId", "")).startswith(PREFIX_STREAM):
@@ -334,9 +340,7 @@ class Gateway:
                 await self.store_results(conversation_id, turn_id, stored, cs)
             if not in_commit:  # recorded beside the turn; awaited before the response ends
                 started.records = asyncio.create_task(self._record_all(records))
-            # a conversation this commit created holds exactly these messages: the runner need not read them back
-            window = stored if created and in_commit and all(inline(m) for m in stored) else None
-            await self.edge.submit(turn_id, conversation_id, queued["data"], window)
+            await self.edge.submit(turn_id, conversation_id, message=message)
         except BaseException as exc:
             await watch.close()
             # a recorded command must end (one terminal event), run or not; a refused commit stored nothing (a

@@ -1,6 +1,7 @@
 """The event log use cases: ``ctx.persist.append`` (validate, refuse what could never be read back, stamp the trace
-context, append), ``ctx.persist.append_batch`` (the same for several streams, one commit), ``ctx.persist.read_stream``
-(a page, or the stream's last event) and ``ctx.persist.read_all``."""
+context, append), ``ctx.persist.append_batch`` (the same for several streams, one commit; then the message the
+request hands on, if any), ``ctx.persist.read_stream`` (a page, or the stream's last event) and
+``ctx.persist.read_all``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ctxbuild_platform import contracts
 from ctxbuild_platform.errors import InvalidPayload
 from opentelemetry.propagate import inject
 
+from ..adapters.enqueue import Enqueuer
 from ..adapters.event_store import AppendPart, EventStore, encode
 from ..domain.append import NewEvent
 from ..domain.projection import LogEvent, lone_surrogate_at, unprojectable
@@ -71,6 +73,7 @@ class EventLog:
     store: EventStore
     settings: Settings
     on_appended: Callable[[], None]
+    enqueuer: Enqueuer | None = None  # none: a request's ``enqueue`` is refused
 
     def limit_of(self, limit: int | None) -> int:
         return min(limit if limit is not None else self.settings.read_default_limit, self.settings.read_max_limit)
@@ -88,7 +91,13 @@ class EventLog:
 
     async def append_batch(self, req: AppendBatchRequest) -> PersistAppendBatchReply:
         """Every group checked like a single append first (nothing is written when one is refused), then one
-        store request: one commit, all or nothing; one wake-up of the background loops for the batch."""
+        store request: one commit, all or nothing; one wake-up of the background loops for the batch. ``enqueue``:
+        published once the commit has landed (a refused batch publishes nothing), before the reply; a retried batch
+        publishes again (JetStream drops the repeat by its msgId)."""
+        if req.enqueue is not None:
+            if self.enqueuer is None:
+                raise InvalidPayload("enqueue is not enabled on this service")
+            self.enqueuer.check(req.enqueue.subject)
         seen: set[str] = set()
         parts: list[AppendPart] = []
         for g, group in enumerate(req.appends):
@@ -105,7 +114,10 @@ class EventLog:
         results = await self.store.append_batch(parts)
         if any(r["duplicates"] < len(p.events) for r, p in zip(results, parts, strict=True)):
             self.on_appended()
-        return PersistAppendBatchReply.model_validate({"results": results})
+        reply: dict = {"results": results}
+        if req.enqueue is not None and self.enqueuer is not None:
+            reply["enqueued"] = await self.enqueuer.publish(req.enqueue.subject, req.enqueue.msgId, req.enqueue.body)
+        return PersistAppendBatchReply.model_validate(reply)
 
     async def read_stream(self, req: PersistReadStreamRequest) -> ReadStreamReply:
         if req.last:

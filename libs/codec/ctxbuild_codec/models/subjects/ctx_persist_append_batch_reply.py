@@ -22,3 +22,9 @@ class PersistAppendBatchReply(ContractModel):
     results: Annotated[
         list[ctx_persist_append_reply.PersistAppendReply], Field(min_length=1)
     ]
+    enqueued: Annotated[
+        bool | None,
+        Field(
+            description="with a request's `enqueue`: true once JetStream acknowledged the message (or dropped it as a duplicate of one it holds); false when the publish failed or timed out — the commit stands, the caller publishes it itself"
+        ),
+    ] = None

@@ -3,12 +3,35 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from ctxbuild_codec.contract_base import ContractModel
 from pydantic import ConfigDict, Field
 
 from . import ctx_persist_append_request
+
+
+class Enqueue(ContractModel):
+    """
+    a JetStream message persistence publishes once the batch's commit has landed (a turn's work-queue command, so it need not wait for this reply to be sent): nothing is published when the batch is refused. The subject must start with the service's CTX_ENQUEUE_SUBJECT_PREFIX (else invalid-payload, nothing stored). A retried batch (already stored) publishes again: JetStream drops it by msgId within its duplicate window. The reply's `enqueued` says whether JetStream stored it
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    subject: Annotated[str, Field(max_length=255, min_length=1)]
+    msgId: Annotated[
+        str,
+        Field(
+            description="the Nats-Msg-Id header (e.g. the turnId)",
+            max_length=255,
+            min_length=1,
+        ),
+    ]
+    body: Annotated[
+        dict[str, Any],
+        Field(description="the JSON object to send (e.g. a TurnRunCommand)"),
+    ]
 
 
 class PersistAppendBatchRequest(ContractModel):
@@ -27,3 +50,9 @@ class PersistAppendBatchRequest(ContractModel):
             min_length=1,
         ),
     ]
+    enqueue: Annotated[
+        Enqueue | None,
+        Field(
+            description="a JetStream message persistence publishes once the batch's commit has landed (a turn's work-queue command, so it need not wait for this reply to be sent): nothing is published when the batch is refused. The subject must start with the service's CTX_ENQUEUE_SUBJECT_PREFIX (else invalid-payload, nothing stored). A retried batch (already stored) publishes again: JetStream drops it by msgId within its duplicate window. The reply's `enqueued` says whether JetStream stored it"
+        ),
+    ] = None
