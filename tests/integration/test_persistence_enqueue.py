@@ -4,10 +4,13 @@ publishes again and JetStream drops the repeat by its msgId. Real service, NATS 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
 import pytest
+from ctxbuild_orchestration.adapters.backends import Backends, new_event
+from ctxbuild_orchestration.adapters.work_queue import QueueConfig, TurnQueue
 from ctxbuild_platform.errors import RemoteError
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
@@ -110,3 +113,31 @@ async def test_no_stream_for_the_subject_is_not_enqueued_and_the_commit_stands(p
     assert reply["enqueued"] is False
     page = await rpc.call("ctx.persist.read_stream", {"streamId": stream, "last": True})
     assert page["lastVersion"] == 1
+
+
+async def test_the_edge_hands_its_turn_message_with_the_commit(persistence, rpc, nats_broker):
+    """Orchestration's side: the message TurnQueue builds goes with Backends.append_streams, persistence publishes
+    it, and the runner's consumer takes it as a valid turn command carrying the recorded TurnQueued data."""
+    tag = uuid.uuid4().hex[:10]
+    queue = TurnQueue(lambda: nats_broker.connection, QueueConfig(
+        stream=f"CTX_TURNS_ENQ_EDGE_{tag}", subject=f"ctx.turn.run_enqueue_edge_{tag}", durable="runner"))
+    await queue.ensure()
+    try:
+        turn_id, conversation_id = f"turn_{tag}", f"conv_{tag}"
+        cmd = new_event("TurnQueued", {"turnId": turn_id, "conversationId": conversation_id, "userMessageId": "m1",
+                                       "provider": {"kind": "openai", "model": "m"}, "settings": {}})
+        message = queue.message(turn_id, conversation_id, cmd["data"])
+        await Backends(rpc).append_streams([(f"turn:{turn_id}", [cmd], 0)], enqueue=message)
+        assert message.enqueued
+
+        stopping, got = asyncio.Event(), []
+
+        async def handle(delivery) -> None:
+            got.append((delivery.turn_id, delivery.queued))
+            await delivery.msg.ack()
+            stopping.set()
+
+        await asyncio.wait_for(queue.consume(handle, 1, stopping), timeout=30)
+        assert got == [(turn_id, cmd["data"])]
+    finally:
+        await nats_broker.connection.jetstream().delete_stream(queue.config.stream)
