@@ -164,13 +164,17 @@ def inbox_errors(values: dict[str, Any]) -> list[str]:
 
 
 def source_errors(values: dict[str, Any]) -> list[str]:
+    from ctxbuild_platform.contracts import SUBJECT_FAMILIES
+
     perms, errors = users(values), []
     for user in SOURCES:
         if user not in perms:
             errors.append(f"NATS user {user} is missing from {VALUES_AUTH.name}")
             continue
         for subject in sorted(called_subjects(user)):
-            if not any(matches(a, subject) for a in perms[user].publish):
+            # a family's literal is its prefix: the subjects sent are <family>.<id> (one per turn)
+            sent = f"{subject}.id" if subject in SUBJECT_FAMILIES else subject
+            if not any(matches(a, sent) for a in perms[user].publish):
                 errors.append(f"{user} calls {subject} (in its source) but may not publish to it")
     return errors
 
@@ -314,8 +318,11 @@ async def _scenario(address: str, pw: dict[str, str]) -> list[str]:
         await c["orchestration-runner"].nc.flush()
         await c["orchestration"].nc.publish("ctx.turn.appended.turn-1", b"{}")  # the edge's abort request
         await c["orchestration"].nc.flush()
-        expected = ["ctx.turn.appended.turn-1", "ctx.turn.appended.turn-1", "ctx.turn.delta.turn-1",
-                    "ctx.turn.ended.turn-1"]
+        for subject in ("ctx.turn.appended.turn-1", "ctx.turn.ended.turn-1"):  # persistence, after a turn's end
+            await c["persistence"].nc.publish(subject, b"{}")
+        await c["persistence"].nc.flush()
+        expected = ["ctx.turn.appended.turn-1", "ctx.turn.appended.turn-1", "ctx.turn.appended.turn-1",
+                    "ctx.turn.delta.turn-1", "ctx.turn.ended.turn-1", "ctx.turn.ended.turn-1"]
         for _ in range(50):
             if len(heard) == len(expected):
                 break

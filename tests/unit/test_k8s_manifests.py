@@ -313,6 +313,15 @@ def test_a_call_the_permissions_forbid_is_caught():
     assert "compaction calls ctx.persist.history (in its source) but may not publish to it" in errors
 
 
+def test_a_notice_family_needs_its_per_turn_subjects():
+    """A family's literal (``ctx.turn.ended``) is sent as ``ctx.turn.ended.<turnId>``: persistence (the closing
+    commit's end notice) needs the wildcard, not the bare prefix."""
+    values = _edit_user(natsauth.load_values(), "persistence", "publish",
+                        lambda a: [s.replace("ctx.turn.ended.>", "ctx.turn.ended") for s in a])
+    errors = natsauth.source_errors(values)
+    assert "persistence calls ctx.turn.ended (in its source) but may not publish to it" in errors
+
+
 def test_each_service_subscribes_only_to_its_own_inboxes(prod):
     assert natsauth.inbox_errors(natsauth.load_values()) == []
     index = validate.Index(prod)

@@ -76,7 +76,8 @@ class Persistence:
 
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
                             truncate_threshold: int | None, event_id: str | None = None,
-                            turn_append: dict[str, Any] | None = None, also_append: Any = None) -> dict[str, Any]:
+                            turn_append: dict[str, Any] | None = None, also_append: Any = None,
+                            end_notice: Any = None) -> dict[str, Any]:
         self.completed.append({"messages": messages, "turnAppend": turn_append})
         return {"turnAppend": self.store(turn_append["events"])} if turn_append else {}
 

@@ -27,6 +27,7 @@ from .adapters.blobs import LaneBlobs
 from .adapters.db import Database, migrate, wait_for_postgres
 from .adapters.enqueue import Enqueuer
 from .adapters.event_store import EventStore
+from .adapters.notices import TurnNotices
 from .adapters.outbox import OutboxRelay
 from .adapters.projection import Projector, rebuild
 from .app import EventLog, History, PersistLane, to_new_events
@@ -64,7 +65,8 @@ def build(settings: Settings) -> AsgiFastStream:
                              timeout_s=settings.lane_blob_timeout_s)
     blobs = LaneBlobs(blob_client, concurrency=settings.lane_blob_concurrency)
     lane = PersistLane(store, blobs, lambda evs, stream: to_new_events(evs, settings.max_event_bytes, stream),
-                       on_appended, promote_inflight_refs=settings.lane_promote_inflight_refs)
+                       on_appended, promote_inflight_refs=settings.lane_promote_inflight_refs,
+                       notices=TurnNotices(lambda: broker.connection))
     enqueuer = Enqueuer(lambda: broker.connection, settings.enqueue_subject_prefix, settings.enqueue_timeout_s)
     register(broker, settings, EventLog(store, settings, on_appended, enqueuer),
              History(store, settings, projector, blob_client), lane)

@@ -171,24 +171,30 @@ class Backends:
     async def complete_turn(self, conversation_id: str, turn_id: str, messages: list[dict[str, Any]],
                             truncate_threshold: int | None, event_id: str | None = None,
                             turn_append: dict[str, Any] | None = None,
-                            also_append: list[dict[str, Any]] | None = None) -> dict:
+                            also_append: list[dict[str, Any]] | None = None,
+                            end_notice: dict[str, Any] | None = None) -> dict:
         """The persist lane: oversized outputs not trimmed in flight (e.g. fs_read echoes) become envelopes.
         Idempotent by ``event_id`` (a resumed turn passes the same one). ``turn_append`` ({streamId, expectedVersion,
         events} of the turn's own stream) and ``also_append`` (the same, other streams) are stored in the same
-        commit as the messages."""
+        commit as the messages. ``end_notice`` (with a ``turn_append`` ending the turn): persistence publishes it
+        and the turn's appended notice right after that commit; the reply's ``endNoticeSent`` says whether it did
+        (then neither is sent from here)."""
         req = {"conversationId": conversation_id, "turnId": turn_id, "eventId": event_id or str(uuid.uuid4()),
                "messages": messages, "settings": {"truncateThreshold": truncate_threshold}}
         if turn_append is not None:
             req["turnAppend"] = turn_append
         if also_append:
             req["alsoAppend"] = also_append
+        if end_notice is not None:
+            req["endNotice"] = end_notice
         # sized per call: the lane writes the turn's large outputs to the blob store before it appends, so its time
         # grows with the messages; a persistence replica that died with the request costs one such attempt
         size = len(json.dumps(messages, ensure_ascii=False, default=str))
         timeout = min(COMPLETE_TURN_TIMEOUT_S + size / (256 * 1024), 300.0)
         reply = await patiently(lambda: self.rpc.call("ctx.persist.complete_turn", req, timeout=timeout),
                                 within_s=self.patience_s, what=f"complete_turn {turn_id}")
-        if turn_append is not None and "turnAppend" in reply:  # the turn stream moved too: wake its followers
+        if turn_append is not None and "turnAppend" in reply and reply.get("endNoticeSent") is not True:
+            # the turn stream moved too: wake its followers (unless persistence already did)
             await announce_appended(self.rpc.broker, turn_id, reply["turnAppend"]["toVersion"])
         return reply
 

@@ -21,12 +21,17 @@ ENDED_SUBJECT = "ctx.turn.ended"
 ENDED_SCHEMA = "subjects/ctx.turn.ended.request.json"
 
 
+def ended_notice(turn_id: str, type_: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The body of ``ctx.turn.ended.<turnId>`` (InvalidPayload/ValueError when ``result`` does not fit it)."""
+    notice = {"turnId": turn_id, "type": type_, **({"result": result} if result is not None else {})}
+    return dump(TurnEndedNotice.model_validate(notice))
+
+
 async def publish_ended(broker: Any, turn_id: str, type_: str, result: dict[str, Any] | None = None) -> None:
     """Fire and forget: a lost notice costs a waiter its backstop read, never the turn. ``result``: a completed
     gateway turn's response summary (the waiter then needs no read)."""
     try:
-        notice = {"turnId": turn_id, "type": type_, **({"result": result} if result is not None else {})}
-        await publish_notice(broker, f"{ENDED_SUBJECT}.{turn_id}", dump(TurnEndedNotice.model_validate(notice)))
+        await publish_notice(broker, f"{ENDED_SUBJECT}.{turn_id}", ended_notice(turn_id, type_, result))
     except Exception as exc:  # noqa: BLE001 - the terminal event is stored; the notice is a courtesy
         log.debug("ended-not-sent", turn_id=turn_id, error=str(exc)[:200])
 

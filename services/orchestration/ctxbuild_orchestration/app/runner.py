@@ -53,7 +53,7 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential_jitter
 from ..adapters import content
 from ..adapters.backends import Backends, not_delivered, patiently, transient
 from ..adapters.deltas import publish_delta
-from ..adapters.turn_watch import publish_ended
+from ..adapters.turn_watch import ended_notice, publish_ended
 from ..domain.arguments import argument_error, invalid_arguments_output
 from ..domain.client_tools import (
     PREFIX_STREAM,
@@ -731,7 +731,7 @@ class TurnRunner:
         record, summary = self._gateway_answer(st, messages, pending)
         try:
             ended = await self._end_in_one_commit(st, ts, conversation_id, messages, cs, served, terminal,
-                                                  [record] if record is not None else [])
+                                                  [record] if record is not None else [], summary)
         except BaseException:
             if served is not None:  # not recorded: a failed turn must not keep the step's answer (SPEC §15.4)
                 st.steps.pop(served["step"], None)
@@ -743,29 +743,35 @@ class TurnRunner:
                                               event_id=event_id(st.turn_id, "persist"))
             if record is not None and not await self._record_answer_prefix(st.turn_id, record):
                 summary = None
-        if ended:
-            await publish_ended(self.backends.rpc.broker, st.turn_id, "TurnCompleted", summary)
-        else:
+        if not ended:
             await self._terminal(ts, terminal, summary)
         await self._release_provisional(st.turn_id)
 
     async def _end_in_one_commit(self, st: TurnState, ts: TurnStream, conversation_id: str,
                                  messages: list[dict[str, Any]], cs: dict[str, Any], served: dict[str, Any] | None,
-                                 terminal: dict[str, Any], also: list[dict[str, Any]]) -> bool:
+                                 terminal: dict[str, Any], also: list[dict[str, Any]],
+                                 summary: dict[str, Any] | None) -> bool:
         """True: the messages, the last StepServed, TurnCompleted and ``also`` (a gateway answer's prefix record)
-        are stored (one commit). False: nothing of it is (a conflict — the answer's prefix recorded first by
-        another turn, too — or a persistence without ``turnAppend``): the caller takes the serial path."""
+        are stored (one commit) and the end notice (``summary``: a gateway turn's result) is sent — by persistence
+        right after the commit (``endNotice``, one hop less to the waiting edge), else from here. False: nothing of
+        it is (a conflict — the answer's prefix recorded first by another turn, too — or a persistence without
+        ``turnAppend``): the caller takes the serial path."""
         await ts.settle()  # appends started beside the work come first (versions are sequential)
         deferred = ts.take_deferred()
         events = [*deferred, *([{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
                                  "data": served}] if served is not None else [])]
         events.append(terminal)
         try:
+            notice: dict[str, Any] | None = ended_notice(st.turn_id, terminal["type"], summary)
+        except ValueError as exc:  # a summary that does not fit the notice: the waiter reads the turn's events
+            log.warning("end-notice-invalid", turn_id=st.turn_id, error=str(exc)[:200])
+            notice = summary = None
+        try:
             reply = await self.backends.complete_turn(
                 conversation_id, st.turn_id, messages, cs.get("truncateThreshold"),
                 event_id=event_id(st.turn_id, "persist"),
                 turn_append={"streamId": ts.stream, "expectedVersion": ts.version, "events": events},
-                also_append=also)
+                also_append=also, end_notice=notice)
         except RemoteError as exc:
             if exc.code in ("version-conflict", "event-id-conflict", "invalid-payload"):
                 log.info("turn-end-serial", turn_id=st.turn_id, code=exc.code, error=str(exc)[:200])
@@ -777,6 +783,8 @@ class TurnRunner:
             ts.put_back(deferred)
             return False
         ts.version = max(ts.version, reply["turnAppend"]["toVersion"])
+        if reply.get("endNoticeSent") is not True:  # an older persistence, or its publish failed
+            await publish_ended(self.backends.rpc.broker, st.turn_id, terminal["type"], summary)
         return True
 
     async def _record_served(self, st: TurnState, ts: TurnStream, served: dict[str, Any]) -> None:

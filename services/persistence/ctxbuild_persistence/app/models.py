@@ -41,6 +41,7 @@ class CompleteTurnRequest(PersistCompleteTurnRequest):
     metadata: JSON | None = None
     turnAppend: AppendRequest | None = None  # the turn's own events, in the same commit (persist_lane)
     alsoAppend: Annotated[list[AppendRequest], Field(max_length=16, min_length=1)] | None = None  # other streams
+    endNotice: JSON | None = None  # published as the runner built it (persist_lane)
 
 
 class StoredEvent(RecordedEvent):

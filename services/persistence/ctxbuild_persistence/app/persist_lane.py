@@ -23,7 +23,10 @@
 With ``turnAppend`` (the turn's own events, e.g. its last StepServed and TurnCompleted) step 4's append carries them
 too: both streams in ONE transaction (``EventStore.append_batch``), so a turn's end is one commit — stored whole or
 not at all, a retry of the whole request a no-op. ``alsoAppend`` adds other streams' appends to the same commit
-(a gateway answer's prefix record). They are checked before any blob is written.
+(a gateway answer's prefix record). They are checked before any blob is written. ``endNotice`` (the turn's end
+notice, with a ``turnAppend`` holding its terminal event) is published right after that commit — also when a retry
+finds it already stored — and before the reply (``adapters.notices``), so the edge waiting for the turn hears of
+its end one hop sooner than through the runner; the reply's ``endNoticeSent`` tells the runner not to send it too.
 
 Outputs the in-flight lane already offloaded (typed ``offload`` with a sha256) are stored as they are; their
 blob gets a ``tool_output`` reference owned by the message (``ctx.blob.ref``, promoted from the turn's
@@ -48,6 +51,7 @@ from ctxbuild_platform.telemetry import span
 
 from ..adapters.blobs import LaneBlobs
 from ..adapters.event_store import AppendPart, EventStore, dumps
+from ..adapters.notices import TurnNotices
 from ..domain.append import NewEvent
 from ..domain.conversation import conversation_stream, fold
 from ..domain.persist_lane import BlobWrite, apply_turn, blob_writes, plan_turn, turn_stream
@@ -55,6 +59,7 @@ from .models import AppendEvent, CompleteTurnRequest
 
 log = structlog.get_logger("persist_lane")
 ENVELOPE_CONTRACT = "envelopes/envelope.json"
+TERMINAL_TYPES = ("TurnCompleted", "TurnFailed")
 
 
 def _valid_envelopes(messages: Sequence[dict[str, Any]]) -> None:
@@ -125,12 +130,15 @@ class PersistLane:
     on_appended: Callable[[], None]
     _: KW_ONLY
     promote_inflight_refs: bool = True
+    notices: TurnNotices | None = None  # None: an endNotice is refused (no connection to send it on)
     event_budget: int = 48 * 1024  # messages' JSON per event, leaving room for metadata (trace context)
 
     async def complete_turn(self, req: CompleteTurnRequest) -> PersistCompleteTurnReply:
         cid, turn_id = req.conversationId, req.turnId
         turn_part = self._turn_part(req)  # refused before anything is written
         also_parts = self._also_parts(req)
+        self._check_end_notice(req)
+        notice_sent: bool | None = None
         messages: list[dict[str, Any]] = await asyncio.gather(
             *(self.blobs.resolve_parts(cid, m) for m in req.messages))
         threshold = persist_threshold(req.settings.truncateThreshold if req.settings is not None else None)
@@ -177,6 +185,8 @@ class PersistLane:
                 if owners:
                     await self._release_unstored(cid, owners)
                 raise
+            if req.endNotice is not None and self.notices is not None:  # the turn has ended: tell its waiter now
+                notice_sent = await self.notices.turn_ended(turn_id, results[1]["toVersion"], req.endNotice)
             result = results[0]
             if any(r["duplicates"] < len(p.events) for r, p in zip(results, parts, strict=True)):
                 self.on_appended()
@@ -190,6 +200,8 @@ class PersistLane:
             out["turnAppend"] = results[1]
         if also_parts:
             out["alsoAppend"] = results[len(results) - len(also_parts):]
+        if notice_sent is not None:
+            out["endNoticeSent"] = notice_sent
         if self.promote_inflight_refs:
             out["references"] = {"promoted": promoted, "failed": failed_refs}
         return PersistCompleteTurnReply.model_validate(out)
@@ -206,6 +218,23 @@ class PersistLane:
             return AppendPart(extra.streamId, extra.expectedVersion, self.to_events(extra.events, extra.streamId))
         except InvalidPayload as exc:
             raise InvalidPayload(f"turnAppend: {exc.message}", details=exc.details) from exc
+
+    def _check_end_notice(self, req: CompleteTurnRequest) -> None:
+        """An end notice goes out only with the commit that stores the turn's end, and says what that end is."""
+        notice = req.endNotice
+        if notice is None:
+            return
+        if self.notices is None:
+            raise InvalidPayload("endNotice: this persistence has no connection to publish it on")
+        terminals = [e.type for e in (req.turnAppend.events if req.turnAppend is not None else [])
+                     if e.type in TERMINAL_TYPES]
+        if not terminals:
+            raise InvalidPayload("endNotice: only with a turnAppend that holds the turn's terminal event "
+                                 f"({' or '.join(TERMINAL_TYPES)})")
+        if notice.get("type") != terminals[-1] or notice.get("turnId") != req.turnId:
+            raise InvalidPayload(f"endNotice: says {notice.get('type')!r} of {notice.get('turnId')!r}; the turnAppend "
+                                 f"ends {req.turnId!r} with {terminals[-1]!r}",
+                                 details={"type": notice.get("type"), "terminal": terminals[-1]})
 
     def _also_parts(self, req: CompleteTurnRequest) -> list[AppendPart]:
         """The request's appends to other streams, after the turn's in the one commit: never the conversation's or

@@ -75,6 +75,12 @@ class PersistCompleteTurnReply(ContractModel):
             description="the request's alsoAppend, one reply per group in its order, stored in the same commit (present only when it was requested)"
         ),
     ] = None
+    endNoticeSent: Annotated[
+        bool | None,
+        Field(
+            description="present only when the request had endNotice: true when persistence published it (and ctx.turn.appended.<turnId>) after the commit; false when the publish failed — the caller sends it itself"
+        ),
+    ] = None
     threshold: Annotated[int, Field(description="the persist threshold applied", ge=0)]
     parts: list[Part]
     references: Annotated[

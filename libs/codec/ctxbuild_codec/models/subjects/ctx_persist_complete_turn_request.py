@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field
 from ..events import metadata as metadata_1
 from ..model import message
 from ..model import usage as usage_1
-from . import ctx_persist_append_request
+from . import ctx_persist_append_request, ctx_turn_ended_request
 
 
 class Settings(ContractModel):
@@ -71,5 +71,11 @@ class PersistCompleteTurnRequest(ContractModel):
             description="optional: appends to other streams (neither the conversation's nor the turn's; distinct) in the same commit, after the turn's events, each by ctx.persist.append's rules — e.g. a gateway answer's prefix record (a stream that must not exist yet). A conflict on any of them stores nothing of the request.",
             max_length=16,
             min_length=1,
+        ),
+    ] = None
+    endNotice: Annotated[
+        ctx_turn_ended_request.TurnEndedNotice | None,
+        Field(
+            description="optional: the turn's end notice, published by persistence on core NATS once the commit holding `turnAppend` has landed (also when a retry finds it already stored), before the reply: first ctx.turn.appended.<turnId> (the turn stream's new version), then this body on ctx.turn.ended.<turnId> — the subjects come from turnId, never from the caller. Only with a `turnAppend` that holds a terminal event (TurnCompleted / TurnFailed) of this turn, `type` that event's type and `turnId` the request's (else invalid-payload). Fire and forget: the reply's endNoticeSent says whether it went out."
         ),
     ] = None

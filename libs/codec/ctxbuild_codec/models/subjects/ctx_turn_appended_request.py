@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field
 
 class TurnAppendedNotice(ContractModel):
     """
-    Core NATS, subject ctx.turn.appended.<turnId>, no reply, not stored: published by whoever appended to turn:<turnId> (the runner, the edge's abort), after the append is stored, so an edge's SSE stream of that turn reads at once instead of on a timer. A wake-up only: the events in turn:<turnId> are the record, and a lost notice costs the reader its backstop poll (CTX_SSE_POLL_S).
+    Core NATS, subject ctx.turn.appended.<turnId>, no reply, not stored: published by whoever appended to turn:<turnId> (the runner, the edge's abort, persistence before a closing commit's end notice), after the append is stored, so an edge's SSE stream of that turn reads at once instead of on a timer. A wake-up only: the events in turn:<turnId> are the record, and a lost notice costs the reader its backstop poll (CTX_SSE_POLL_S).
     """
 
     model_config = ConfigDict(

@@ -24,7 +24,7 @@ class Result(ContractModel):
 
 class TurnEndedNotice(ContractModel):
     """
-    Core NATS, subject ctx.turn.ended.<turnId>, no reply, not stored: published by the runner once the turn's terminal event is stored, so an edge waiting for the turn (the gateway's responses) reads it at once instead of polling. The terminal event in turn:<turnId> is the record; the notice wakes the waiter (a lost one costs it its backstop read) and, for a completed gateway turn, carries the response's summary.
+    Core NATS, subject ctx.turn.ended.<turnId>, no reply, not stored: published once the turn's terminal event is stored — by persistence right after a closing commit that carried it (ctx.persist.complete_turn endNotice), else by the runner — so an edge waiting for the turn (the gateway's responses) reads it at once instead of polling. The terminal event in turn:<turnId> is the record; the notice wakes the waiter (a lost one costs it its backstop read) and, for a completed gateway turn, carries the response's summary.
     """
 
     model_config = ConfigDict(
