@@ -210,6 +210,42 @@ async def test_a_new_conversations_first_turn_reads_nothing_back(gw, fake_openai
     assert json.dumps(served2[:len(served1)]) == json.dumps(served1)
 
 
+async def test_a_turn_that_made_no_provisional_reference_releases_none(gw, fake_openai, stack):
+    """A turn's provisional references (offloads, checkpoints, client results through the lane) are released at
+    its end; a first attempt that made none — a plain answer — asks the blob store for nothing. A request whose
+    client tool results went through the lane does release."""
+    import nats
+
+    nc = await nats.connect(stack.env["CTX_NATS_URL"])
+    released: list[bytes] = []
+
+    async def seen(msg) -> None:
+        released.append(msg.data)
+
+    await nc.subscribe("ctx.blob.release", cb=seen)  # beside the blob store's queue group: sees every request
+    try:
+        async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
+            fake_openai.reply_next = {"role": "assistant", "content": "plain"}
+            r1 = await http.post("/v1/chat/completions", json=chat(user("no references: hello")))
+            assert r1.status_code == 200, r1.text
+            call = {"id": "call_lane_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}
+            fake_openai.reply_next = {"role": "assistant", "content": "cold"}
+            r2 = await http.post("/v1/chat/completions", json=chat(
+                user("through the lane: weather?"), {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_lane_1", "content": "minus five"}, tools=[WEATHER]))
+            assert r2.status_code == 200, r2.text
+        for _ in range(50):  # the release follows the end notice
+            await nc.flush()
+            if any(r2.headers["x-ctx-turn-id"].encode() in m for m in released):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+    assert not [m for m in released if r1.headers["x-ctx-turn-id"].encode() in m]
+    assert [m for m in released if r2.headers["x-ctx-turn-id"].encode() in m]
+
+
 async def test_an_edited_earlier_message_forks_a_branch(gw, fake_openai):
     async with httpx.AsyncClient(base_url=gw, headers=AUTH, timeout=60) as http:
         first = [user("fork: tell me a fruit")]

@@ -44,7 +44,7 @@ from fastapi import HTTPException
 from ..adapters import content
 from ..adapters.backends import new_event
 from ..adapters.turn_watch import TurnWatch
-from ..domain.client_tools import PREFIX_STREAM, gateway_result
+from ..domain.client_tools import PREFIX_STREAM, gateway_result, input_record
 from ..domain.gateway import (
     DialectError,
     GatewayRequest,
@@ -398,7 +398,7 @@ class Gateway:
                                     for p in m["parts"]]} for m in messages]
         # the input's own record id: the turn's messages (its answer) are the runner's; the turn's task must not
         # be taken for one of them (compaction finds a turn's task before the turn's first row)
-        await self.backends.complete_turn(conversation_id, f"{turn_id}.input", messages, cs.get("truncateThreshold"),
+        await self.backends.complete_turn(conversation_id, input_record(turn_id), messages, cs.get("truncateThreshold"),
                                           event_id=event_id(turn_id, "gateway-input"))
 
     # ---------- the response

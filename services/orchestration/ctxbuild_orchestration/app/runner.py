@@ -62,6 +62,7 @@ from ..domain.client_tools import (
     client_specs,
     gateway_result,
     handed_over_messages,
+    input_record,
     result_summary,
     server_view,
     with_client_tools,
@@ -376,6 +377,9 @@ class TurnRunner:
     keep_request_patience_s: float = 20.0
     # a first attempt's turn-start window when its work message carried it (a conversation its command created)
     _windows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+    # first attempts that have made nothing the blob store keeps as a provisional reference of the turn (no tool
+    # output trimmed, no compaction call, no client results through the lane): nothing to release at their end
+    _clean: set[str] = field(default_factory=set, init=False, repr=False)
 
     # ------------------------------------------------------------------ entry
     async def load(self, turn_id: str) -> TurnState:
@@ -405,6 +409,7 @@ class TurnRunner:
             return "unended"
         finally:
             self._windows.pop(turn_id, None)
+            self._clean.discard(turn_id)
 
     async def _run_attempt(self, turn_id: str, attempt: int, queued: dict[str, Any] | None = None) -> str:
         if attempt == 1 and queued is not None and queued.get("turnId") == turn_id:
@@ -434,6 +439,7 @@ class TurnRunner:
                                                "replica", retryable=True)
                         return "failed"
                     if not st.started:  # beside turn-start compaction (which reads the conversation, not the turn)
+                        self._clean.add(turn_id)
                         ts.opening = ts.emit_beside("TurnStarted", {
                             "turnId": turn_id, "conversationId": cmd["conversationId"],
                             "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]})
@@ -541,6 +547,8 @@ class TurnRunner:
                       "provider": getattr(provider, "name", None), "model": getattr(provider, "model", None)}
         start = await self._turn_start(conversation_id, user_message_id, turn_id, cs, compaction)
         served: list[dict[str, Any]] = start["messages"]
+        if any(m.get("turnId") == input_record(turn_id) for m in served):
+            self._clean.discard(turn_id)  # client results came through the lane: its offloads are the turn's
         box = await self._toolbox(provider, cs, start["retained"], turn_id)
         clients = client_names(cmd)
         if clients:
@@ -745,7 +753,8 @@ class TurnRunner:
                 summary = None
         if not ended:
             await self._terminal(ts, terminal, summary)
-        await self._release_provisional(st.turn_id)
+        if st.turn_id not in self._clean:
+            await self._release_provisional(st.turn_id)
 
     async def _end_in_one_commit(self, st: TurnState, ts: TurnStream, conversation_id: str,
                                  messages: list[dict[str, Any]], cs: dict[str, Any], served: dict[str, Any] | None,
@@ -920,6 +929,7 @@ class TurnRunner:
                         results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """ctx.truncate.step; outputs too large for one NATS message go by claim check (stored first, owned by the
         turn as provisional). Truncation unavailable → the full outputs (better fat than lost)."""
+        self._clean.discard(turn_id)  # the truncation service offloads as provisional references of the turn
         parts, claims = [], []
         for i, part in enumerate(results):
             out = part["output"]
@@ -1030,6 +1040,7 @@ class TurnRunner:
                                                           turn_start_span)
                 if start is not None:
                     return start
+            self._clean.discard(turn_id)  # a fold may keep what it made as provisional references of the turn
             try:
                 return await self.backends.rpc.call("ctx.compact.turn_start", {
                     "conversationId": conversation_id, "anchorId": user_message_id, "turnId": turn_id,
@@ -1103,6 +1114,7 @@ class TurnRunner:
         A new checkpoint is made durable here — the runner is the turn stream's only writer — as
         InLoopFoldRecorded, and every fold (or failed fold) as CompactionDecided."""
         offset = checkpoint["consumedCount"] if checkpoint else 0
+        self._clean.discard(turn_id)  # checkpoints are provisional references of the turn
         try:
             reply = await self.backends.rpc.call("ctx.compact.in_loop", {
                 "conversationId": conversation_id, "turnId": turn_id, "step": step, "offset": offset,

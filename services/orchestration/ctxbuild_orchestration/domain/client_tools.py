@@ -13,6 +13,12 @@ from .gateway import GatewayResult
 from .turn_state import TurnState, message_id
 
 PREFIX_STREAM = "gwprefix:"  # gwprefix:<hash>: the gateway's implicit conversation identity (app/gateway.py)
+
+
+def input_record(turn_id: str) -> str:
+    """The persist-lane record id of a gateway turn's input with client tool results (its messages' ``turnId``):
+    not the turn's own, so compaction never takes them for the turn's rows."""
+    return f"{turn_id}.input"
 STEP_SEPARATOR = "\n\n"  # between the texts of two steps, streamed and not
 
 
