@@ -67,16 +67,22 @@ async def seen_deltas(nc, sub, turn_id: str) -> list[str]:
     return [json.loads(m.data)["text"] for m in msgs if m.subject == f"ctx.turn.delta.{turn_id}"]
 
 
-async def test_a_command_riding_in_the_message_runs_the_turn_and_ends_in_one_commit(runner, rpc, stack, pg):
+async def run_queued(rpc, stack, *, abort_first: bool) -> tuple[str, str, list[dict], list[str]]:
+    """Queue a turn and wait for its end: (conversation, turn, its events, the texts of its live deltas)."""
     nc = await nats.connect(stack.env["CTX_NATS_URL"])
     try:
         deltas = await nc.subscribe("ctx.turn.delta.*")
         await nc.flush()  # subscribed before the turn is queued
-        cid, tid = await queue_turn(rpc, stack, "hello", abort_first=False)
+        cid, tid = await queue_turn(rpc, stack, "hello", abort_first=abort_first)
         evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
-        assert await seen_deltas(nc, deltas, tid) == ["answered"]
+        return cid, tid, evs, await seen_deltas(nc, deltas, tid)
     finally:
         await nc.close()
+
+
+async def test_a_command_riding_in_the_message_runs_the_turn_and_ends_in_one_commit(runner, rpc, stack, pg):
+    cid, _, evs, deltas = await run_queued(rpc, stack, abort_first=False)
+    assert deltas == ["answered"]
     assert [e["type"] for e in evs] == ["TurnQueued", "TurnStarted", "CompactionDecided", "StepServed",
                                         "TurnCompleted"], [(e["type"], e["data"]) for e in evs[-1:]]
     served = evs[3]["data"]
@@ -90,15 +96,8 @@ async def test_a_command_riding_in_the_message_runs_the_turn_and_ends_in_one_com
 
 
 async def test_a_stale_command_in_the_message_meets_the_abort(runner, rpc, stack):
-    nc = await nats.connect(stack.env["CTX_NATS_URL"])
-    try:
-        deltas = await nc.subscribe("ctx.turn.delta.*")
-        await nc.flush()  # subscribed before the turn is queued
-        _, tid = await queue_turn(rpc, stack, "hello", abort_first=True)
-        evs = await turn_events(rpc, tid, {"TurnCompleted", "TurnFailed"})
-        # the replay model may have answered beside the refused TurnStarted: none of its text went out
-        assert await seen_deltas(nc, deltas, tid) == []
-    finally:
-        await nc.close()
+    _, _, evs, deltas = await run_queued(rpc, stack, abort_first=True)
+    # the replay model may have answered beside the refused TurnStarted: none of its text went out
+    assert deltas == []
     assert [e["type"] for e in evs] == ["TurnQueued", "TurnAbortRequested", "TurnFailed"], [e["type"] for e in evs]
     assert evs[-1]["data"]["code"] == "aborted" and "changed my mind" in evs[-1]["data"]["message"]

@@ -74,6 +74,7 @@ class TurnMessage:
     subject: str
     turn_id: str  # its Nats-Msg-Id
     body: dict
+    payload: bytes  # the body as published (encoded once, when its size was checked)
     enqueued: bool = False  # persistence's reply said JetStream has it: not published again
 
     def handoff(self) -> dict:
@@ -160,13 +161,13 @@ class TurnQueue:
             tries = ([{**body, "command": command, "window": {"messages": window}}] if window else []) + [
                 {**body, "command": command}]
             for full in tries:
-                if len(json.dumps(full, ensure_ascii=False).encode()) <= COMMAND_MAX_BYTES:
-                    return TurnMessage(self.config.subject, turn_id, full)
-        return TurnMessage(self.config.subject, turn_id, body)
+                payload = json.dumps(full, ensure_ascii=False).encode()
+                if len(payload) <= COMMAND_MAX_BYTES:
+                    return TurnMessage(self.config.subject, turn_id, full, payload)
+        return TurnMessage(self.config.subject, turn_id, body, json.dumps(body).encode())
 
     async def publish(self, message: TurnMessage) -> None:
-        await self._js().publish(message.subject, json.dumps(message.body, ensure_ascii=False).encode(),
-                                 headers={"Nats-Msg-Id": message.turn_id})
+        await self._js().publish(message.subject, message.payload, headers={"Nats-Msg-Id": message.turn_id})
 
     async def submit(self, turn_id: str, conversation_id: str, command: dict | None = None,
                      window: list[dict] | None = None) -> None:
