@@ -102,14 +102,14 @@ async def test_running_turns_are_counted_until_they_end():
     await auth.admit_turn(who, "t4", running)  # t3 was handed back
 
 
-def test_over_the_rate_is_429_with_retry_after():
+async def test_over_the_rate_is_429_with_retry_after():
     auth = authenticator({})
     who = Principal("key:y", "t", requests_per_second=2)
-    auth.check_rate(who)
-    auth.check_rate(who)
+    await auth.check_rate(who)
+    await auth.check_rate(who)
     with pytest.raises(HTTPException) as refused:
         for _ in range(50):  # the window is one second: at most 2 of these pass within it
-            auth.check_rate(who)
+            await auth.check_rate(who)
     assert refused.value.status_code == 429 and int(refused.value.headers["Retry-After"]) >= 1
 
 

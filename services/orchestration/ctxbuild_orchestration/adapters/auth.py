@@ -41,8 +41,8 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from ctxbuild_platform.errors import RemoteError
 from fastapi import HTTPException, Request
 from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
-from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 
 from ..domain.keys import (
     ADMIN_TENANT,
@@ -122,6 +122,8 @@ class Authenticator:
     read_stream: Callable[[str], Awaitable[list[dict[str, Any]]]]
     hasher: PasswordHasher = field(default_factory=PasswordHasher)
     _cache: OrderedDict[str, _Cached] = field(default_factory=OrderedDict)
+    # the asyncio storage: the thread-based one starts a timer thread on most hits (its expiry sweep), and the event
+    # loop waits for each such thread to start
     _limiter: MovingWindowRateLimiter = field(default_factory=lambda: MovingWindowRateLimiter(MemoryStorage()))
     _running: dict[str, set[str]] = field(default_factory=dict)  # subject → turns it admitted on this replica
     _jwks: jwt.PyJWKClient | None = None
@@ -168,7 +170,7 @@ class Authenticator:
         # the secret this replica verified last for the key id (its cache entry outlives its trust) passes a flood
         # of wrong ones: the owner is never locked out by someone who knows only the key id
         known = hit is not None and hmac.compare_digest(hit.digest, digest)
-        if not known and not self._limiter.test(failed, "failed", key_id):
+        if not known and not await self._limiter.test(failed, "failed", key_id):
             raise rate_limited("too many failed verifications of this key id; try again later", 1)
         # a lapsed entry is trusted again only after the key is read (revocation above); its secret is hashed again
         # only when it is not the one this replica verified against this very hash
@@ -176,7 +178,7 @@ class Authenticator:
             try:
                 await asyncio.to_thread(self.hasher.verify, issued["secretHash"], secret)
             except (VerificationError, InvalidHashError) as exc:
-                self._limiter.hit(failed, "failed", key_id)
+                await self._limiter.hit(failed, "failed", key_id)
                 raise unauthenticated("invalid API key") from exc
         lim = issued.get("limits") or {}
         principal = Principal(f"key:{key_id}", issued["tenantId"], admin=bool(issued.get("admin")),
@@ -210,11 +212,11 @@ class Authenticator:
         return self.hasher.hash(secret)
 
     # ---------- limits ----------
-    def check_rate(self, who: Principal) -> None:
+    async def check_rate(self, who: Principal) -> None:
         rps = who.requests_per_second or self.config.requests_per_second
         item = RateLimitItemPerSecond(rps)
-        if not self._limiter.hit(item, who.subject):
-            reset, _ = self._limiter.get_window_stats(item, who.subject)
+        if not await self._limiter.hit(item, who.subject):
+            reset, _ = await self._limiter.get_window_stats(item, who.subject)
             raise rate_limited(f"over {rps} requests per second for this credential",
                                math.ceil(reset - time.time()))
 

@@ -106,7 +106,7 @@ def build_inspector(edge: Edge, auth: Authenticator, *, trace_ui_url: str | None
             if exc.status_code == 401:
                 raise NeedLogin() from exc
             raise
-        auth.check_rate(who)
+        await auth.check_rate(who)
         return who
 
     def page(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:

@@ -61,7 +61,7 @@ def body_limited_route(limits: EdgeLimits, auth: Authenticator | None = None) ->
             async def limited(request: Request) -> Response:
                 if auth is not None:
                     who = await auth.authenticate(credential_of(request))
-                    auth.check_rate(who)
+                    await auth.check_rate(who)
                     request.scope.setdefault("state", {})["principal"] = who
                 declared = request.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > limit:
