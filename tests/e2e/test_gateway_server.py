@@ -122,6 +122,7 @@ async def test_a_plain_request_then_its_continuation(gw, fake_openai):
         assert upstream["messages"][0]["role"] == "system"
         assert upstream["messages"][0]["content"].endswith("\n\nBe brief.")
         assert not upstream.get("tools")
+        assert "stream" not in upstream  # the client waits for one whole answer: so does the gateway
 
         fake_openai.reply_next = {"role": "assistant", "content": "About 2.1 million."}
         r2 = await http.post("/v1/chat/completions", json=chat(
@@ -375,6 +376,7 @@ async def test_openai_stream(gw, fake_openai):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
     assert ": x-ctx-served-tokens=" in raw and "x-ctx-overhead-ms=" in raw
     assert raw.index(": ping\n") < raw.index("Streaming")  # a keep-alive comment while the model was silent
+    assert fake_openai.requests[-1]["stream"] is True  # a streamed request streams from the model
 
 
 async def test_anthropic_messages_with_client_tools_streamed_and_not(gw, fake_anthropic):
@@ -391,7 +393,7 @@ async def test_anthropic_messages_with_client_tools_streamed_and_not(gw, fake_an
         use = next(b for b in m1["content"] if b["type"] == "tool_use")
         assert use["name"] == "lookup" and use["input"] == {"q": 1}
         upstream = fake_anthropic.requests[-1]
-        assert upstream["model"] == "claude-upstream"
+        assert upstream["model"] == "claude-upstream" and not upstream.get("stream")
         assert upstream["system"][0]["text"].endswith("\n\nYou are terse.")
         cid = r1.headers["x-ctx-conversation-id"]
 
@@ -403,6 +405,7 @@ async def test_anthropic_messages_with_client_tools_streamed_and_not(gw, fake_an
             assert r.status_code == 200
             assert r.headers["x-ctx-conversation-id"] == cid
             raw = "".join([t async for t in r.aiter_text()])
+    assert fake_anthropic.requests[-1]["stream"] is True  # a streamed request streams from the model
     names = [line[len("event: "):] for line in raw.splitlines() if line.startswith("event: ")]
     assert names[0] == "message_start" and names[-1] == "message_stop" and "message_delta" in names
     deltas = [json.loads(d) for d in sse_data(raw)]

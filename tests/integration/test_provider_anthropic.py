@@ -91,3 +91,19 @@ async def test_overloaded_status_is_retryable_and_the_sdk_retries_are_configurab
     retrying = AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=1)
     r = await retrying.complete(ModelRequest("claude-fake", "", [USER], [TOOL]))
     assert r.stop_reason == "tool_calls" and len(fake.requests) == before + 2
+
+
+async def test_a_whole_answer_may_take_longer_than_the_wait_between_events(fake):
+    """Not streamed, nothing arrives before the whole answer is written: the call waits whole_answer_timeout_s,
+    not the client's timeout (which a stream meets between events)."""
+    def provider(whole_answer_timeout_s: float) -> AnthropicMessagesProvider:
+        return AnthropicMessagesProvider("claude-fake", api_key="k", base_url=fake.base_url, max_retries=0,
+                                         timeout_s=0.3, stream=False, whole_answer_timeout_s=whole_answer_timeout_s)
+
+    fake.delay_next_s = 1.0
+    answer = await provider(10.0).complete(ModelRequest("claude-fake", "system prompt", [USER], [TOOL]))
+    assert answer.parts
+    fake.delay_next_s = 1.0
+    with pytest.raises(ProviderError) as timed_out:  # the same wait past a short whole-answer timeout
+        await provider(0.3).complete(ModelRequest("claude-fake", "system prompt", [USER], [TOOL]))
+    assert timed_out.value.retryable

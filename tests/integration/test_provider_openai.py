@@ -103,3 +103,19 @@ async def test_an_unreachable_server_is_retryable():
     with pytest.raises(ProviderError) as err:
         await provider.complete(ModelRequest("m", "", HI))
     assert err.value.retryable and err.value.status is None
+
+
+async def test_a_whole_answer_may_take_longer_than_the_wait_between_chunks(fake):
+    """Not streamed, nothing arrives before the whole answer is written: the call waits whole_answer_timeout_s,
+    not the client's timeout (which a stream meets between chunks)."""
+    def provider(whole_answer_timeout_s: float) -> OpenAIChatProvider:
+        return OpenAIChatProvider("fake-model", base_url=fake.base_url, api_key=None, max_retries=0, timeout_s=0.3,
+                                  stream=False, whole_answer_timeout_s=whole_answer_timeout_s)
+
+    fake.delay_next_s = 1.0
+    answer = await provider(10.0).complete(ModelRequest("fake-model", "be brief", HI))
+    assert answer.stop_reason == "stop" and answer.parts
+    fake.delay_next_s = 1.0
+    with pytest.raises(ProviderError) as timed_out:  # the same wait past a short whole-answer timeout
+        await provider(0.3).complete(ModelRequest("fake-model", "be brief", HI))
+    assert timed_out.value.retryable

@@ -19,6 +19,7 @@ recorded bodies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from itertools import pairwise
@@ -83,6 +84,7 @@ class FakeAnthropic(ThreadedServer):
         self.fail_next: int | None = None
         self.reply_next: list[dict[str, Any]] | None = None
         self.break_next: str | None = None
+        self.delay_next_s: float = 0.0  # wait this long before answering the next request (a slow model)
         super().__init__(Starlette(routes=[Route("/v1/messages", self.messages, methods=["POST"]),
                                            Route("/_recorded", self.recorded)]), port)
 
@@ -121,6 +123,9 @@ class FakeAnthropic(ThreadedServer):
     async def messages(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self.delay_next_s:
+            delay, self.delay_next_s = self.delay_next_s, 0.0
+            await asyncio.sleep(delay)
         if self.fail_next:
             status, self.fail_next = self.fail_next, None
             return JSONResponse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - anthropic<2 used httpx
     import httpx as _http  # type: ignore[no-redef]
 
 EPHEMERAL = {"type": "ephemeral"}
+WHOLE_ANSWER_TIMEOUT_S = 600.0  # a non-streamed call: how long its response may take (the SDK's own default)
 
 
 def to_wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -209,7 +210,8 @@ class AnthropicMessagesProvider:
 
     def __init__(self, model: str, *, api_key: str | None, base_url: str | None = None,
                  max_tokens: int = 4096, timeout_s: float = 120.0, max_retries: int = 2, stream: bool = True,
-                 client: anthropic.AsyncAnthropic | None = None) -> None:
+                 client: anthropic.AsyncAnthropic | None = None,
+                 whole_answer_timeout_s: float = WHOLE_ANSWER_TIMEOUT_S) -> None:
         # the SDK retries 408/409/429/5xx and connection errors itself (max_retries) before a stream begins;
         # ``client``: a shared one (see ``anthropic_client``)
         self.client = client or anthropic_client(api_key=api_key, base_url=base_url, timeout_s=timeout_s,
@@ -217,13 +219,17 @@ class AnthropicMessagesProvider:
         self.model = model
         self.max_tokens = max_tokens
         self.stream = stream
+        # not streamed, nothing arrives until the whole answer is written: the client's timeout (between events of
+        # a stream) would cap the answer's length
+        self.whole_answer_timeout_s = whole_answer_timeout_s
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:
         params = build_params(request, self.max_tokens)
         params["model"] = self.model
         try:
             if not self.stream:
-                response = from_wire(await self.client.messages.create(**params), self.model)
+                response = from_wire(await self.client.messages.create(**params, timeout=self.whole_answer_timeout_s),
+                                     self.model)
                 text = "".join(p["text"] for p in response.parts if p["type"] == "text")
                 if on_text is not None and text:
                     await on_text(text)

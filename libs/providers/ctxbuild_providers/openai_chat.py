@@ -184,13 +184,15 @@ _PATH = "/chat/completions"
 # the auth chat.completions.create asks for (the client's API key as a bearer token)
 _OPTIONS = openai.RequestOptions(security={"bearer_auth": True})
 _CHUNKS = openai.AsyncStream[object]  # each SSE chunk as its decoded JSON
+WHOLE_ANSWER_TIMEOUT_S = 600.0  # a non-streamed call: how long its response may take (the SDK's own default)
 
 
 class OpenAIChatProvider:
     name = "openai"
 
     def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float = 120.0,
-                 max_retries: int = 2, stream: bool = True, client: openai.AsyncOpenAI | None = None) -> None:
+                 max_retries: int = 2, stream: bool = True, client: openai.AsyncOpenAI | None = None,
+                 whole_answer_timeout_s: float = WHOLE_ANSWER_TIMEOUT_S) -> None:
         # local servers (vLLM, Ollama) accept any key; the SDK insists on one. The SDK retries 408/409/429/5xx
         # and connection errors itself (max_retries) before the first byte of a stream. ``client``: a shared one
         # (see ``openai_client``) — its connection pool and TLS context outlive this provider.
@@ -198,6 +200,9 @@ class OpenAIChatProvider:
                                               max_retries=max_retries)
         self.model = model
         self.stream = stream
+        # not streamed, nothing arrives until the whole answer is written: the client's timeout (between chunks
+        # of a stream) would cap the answer's length
+        self._whole = openai.RequestOptions(security={"bearer_auth": True}, timeout=whole_answer_timeout_s)
 
     def params(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "messages": to_wire_messages(request.system, request.messages)}
@@ -220,7 +225,7 @@ class OpenAIChatProvider:
         body = self.params(request)
         try:
             if not self.stream:
-                completion = await self.client.post(_PATH, body=body, cast_to=object, options=_OPTIONS)
+                completion = await self.client.post(_PATH, body=body, cast_to=object, options=self._whole)
                 response = from_wire(completion, self.model)
                 text = "".join(p["text"] for p in response.parts if p["type"] == "text")
                 if on_text is not None and text:

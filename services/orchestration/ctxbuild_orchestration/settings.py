@@ -64,6 +64,10 @@ class Settings(ServiceSettings, WebToolSettings):
                                         "while persistence/Postgres is away")
     terminal_patience_s: float = retried(600.0, "a turn's terminal event",
                                          "; then the command is handed back (resumed or ended later)")
+    model_whole_answer_timeout_s: float = one_call(
+        600.0, "model call that is not streamed (a gateway client that asked for one whole answer: nothing arrives "
+        "before the whole answer is written; a streamed call's timeout is between chunks)",
+        "past it the call fails as a timeout (the SDK retries it)")
     compaction_timeout_s: float = one_call(120.0, "compaction call (an llm summarizer is a model call)",
                                            "past it the runner fits the window in-process")
     compaction_heartbeat_s: float = Field(2.0, gt=0, description="runner: compaction calls ask for progress this "

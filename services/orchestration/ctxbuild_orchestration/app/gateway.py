@@ -292,7 +292,9 @@ class Gateway:
         watch = TurnWatch()  # before the turn is queued: its deltas and end cannot be missed
         await watch.subscribe(self.backends.rpc.broker.connection, turn_id)
         started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created, who=who)
-        provider = {"kind": model.dialect, "model": model.upstream_model}
+        provider: dict[str, Any] = {"kind": model.dialect, "model": model.upstream_model}
+        if not req.stream:  # the client waits for one whole answer: the model is asked for one too
+            provider["stream"] = False
         queued = self.edge.queued_event(conversation_id, turn_id, task_id, provider, cs, self.config.max_steps,
                                         extra=self.command_fields(req, model.dialect, hashes[-1]))
         lane = client_results(stored)

@@ -55,8 +55,10 @@ def provider_factory(settings: Settings, backends: Backends):
                 doc = spec
             return ReplayProvider(doc["script"], tools=doc.get("tools") or None,
                                   call_id_prefix=f"call_{turn_id.rsplit('_', 1)[-1][-8:]}")
+        # a gateway client that asked for one whole answer: the model is asked for one (no stream to decode)
+        whole = {"stream": spec.get("stream", True), "whole_answer_timeout_s": settings.model_whole_answer_timeout_s}
         if spec["kind"] == "anthropic":
-            return AnthropicMessagesProvider(spec["model"], api_key=None, client=client("anthropic"))
-        return OpenAIChatProvider(spec["model"], base_url=None, api_key=None, client=client("openai"))
+            return AnthropicMessagesProvider(spec["model"], api_key=None, client=client("anthropic"), **whole)
+        return OpenAIChatProvider(spec["model"], base_url=None, api_key=None, client=client("openai"), **whole)
 
     return make

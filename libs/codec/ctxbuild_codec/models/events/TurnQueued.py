@@ -26,6 +26,12 @@ class Provider(ContractModel):
     script: Annotated[list[dict[str, Any]] | None, Field(min_length=1)] = None
     tools: list[dict[str, Any]] | None = None
     scriptRef: ScriptRef | None = None
+    stream: Annotated[
+        bool | None,
+        Field(
+            description="false: the model is called without streaming (a gateway client that asked for one whole answer: nothing watches the text arrive); absent or true: streamed"
+        ),
+    ] = None
 
 
 class ClientTool(ContractModel):
