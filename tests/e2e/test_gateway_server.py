@@ -600,9 +600,11 @@ async def test_a_request_is_admitted_stored_and_queued_in_one_commit(gw, fake_op
     answered = [r["tx"] for r in records if r["index"] is None]  # the runner's, for the two gateway answers
     completed = {r["stream_id"]: r["tx"] for r in rows if r["type"] == "TurnCompleted"}
     assert answered == [completed[f"turn:{tid}"], completed[f"turn:{tid2}"]]  # each in its turn's closing commit
-    # a turn-start decision that folded nothing is written with the turn's next append: here its closing commit
+    # a non-streamed request answered at once: its TurnStarted (lazy) and a turn-start decision that folded nothing
+    # are written with the turn's next append — here its closing commit, the turn's only write after its command
     closing = [r["type"] for r in rows if r["stream_id"] == f"turn:{tid}" and r["tx"] == completed[f"turn:{tid}"]]
-    assert closing == ["CompactionDecided", "StepServed", "TurnCompleted"]
+    assert closing == ["TurnStarted", "CompactionDecided", "StepServed", "TurnCompleted"]
+    assert [r["type"] for r in rows if r["stream_id"] == f"turn:{tid}"] == ["TurnQueued", *closing]
 
 
 async def test_concurrent_identical_new_requests_each_get_an_answer(gw, fake_openai, stack):

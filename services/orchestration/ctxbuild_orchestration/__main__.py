@@ -57,7 +57,8 @@ def build(settings: Settings) -> FastAPI:
                         compaction_timeout_s=settings.compaction_timeout_s,
                         compaction_heartbeat_s=settings.compaction_heartbeat_s,
                         local_turn_start_plan=settings.turn_start_local_plan,
-                        keep_request_patience_s=settings.keep_request_patience_s)
+                        keep_request_patience_s=settings.keep_request_patience_s,
+                        lazy_turn_start_s=settings.lazy_turn_start_s)
     loop = RunnerLoop(queue, runner, settings)
     runs_turns = settings.role in ("all", "runner")
     readiness = Readiness(broker, queue, runs_turns)

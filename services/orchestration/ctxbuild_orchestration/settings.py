@@ -68,6 +68,12 @@ class Settings(ServiceSettings, WebToolSettings):
         600.0, "model call that is not streamed (a gateway client that asked for one whole answer: nothing arrives "
         "before the whole answer is written; a streamed call's timeout is between chunks)",
         "past it the call fails as a timeout (the SDK retries it)")
+    lazy_turn_start_s: float = Field(
+        2.0, ge=0, description="runner: a first attempt whose first model call is not streamed (a gateway client's "
+        "non-streamed request: nothing is shown while it runs) writes TurnStarted only when the call outlasts this, or "
+        "when anything else must be written or run first (a tool call, a fold); answered sooner with nothing to run, "
+        "TurnStarted rides at the head of the turn's closing commit (one commit fewer, the same expected version). 0: "
+        "always written beside the call")
     compaction_timeout_s: float = one_call(120.0, "compaction call (an llm summarizer is a model call)",
                                            "past it the runner fits the window in-process")
     compaction_heartbeat_s: float = Field(2.0, gt=0, description="runner: compaction calls ask for progress this "

@@ -20,6 +20,7 @@ is a no-op, a second live writer is a typed conflict (the runner then leaves the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -122,6 +123,8 @@ class TurnStream:
         # TurnStarted's append, started beside turn-start compaction and the first model call
         self.opening: asyncio.Task | None = None
         self._deferred: list[dict[str, Any]] = []  # written at the head of the stream's next append
+        self._lazy: dict[str, Any] | None = None  # TurnStarted not written yet (:meth:`open_lazily`)
+        self._now = asyncio.Event()  # write it now
 
     def defer(self, type_: str, data: dict[str, Any], *key: Any) -> None:
         """Record the event with the stream's next append (whichever writes next: a step's, the closing commit,
@@ -137,10 +140,49 @@ class TurnStream:
     def put_back(self, events: list[dict[str, Any]]) -> None:
         self._deferred = events + self._deferred
 
+    def open_lazily(self, data: dict[str, Any], grace_s: float) -> None:
+        """TurnStarted of a first attempt whose first model call is not streamed (nothing is shown while it runs):
+        written only when the call outlasts ``grace_s`` or when anything else must be written or acted on first
+        (:meth:`opened`, any other append); a call that answers within it with nothing to run has it ride at the
+        head of the turn's closing commit instead (:meth:`ride_opening`) — one commit fewer before the answer, the
+        same expected version, so an abort or another writer met there stops the attempt as it would have here."""
+        self._lazy = {"eventId": event_id(self.turn_id, "TurnStarted"), "type": "TurnStarted", "data": data}
+        prev = self._pending
+
+        async def run() -> None:
+            if prev is not None:
+                await prev
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), grace_s)
+            if self._lazy is None:  # it rides with the closing commit
+                return
+            self._deferred.insert(0, self._lazy)  # first, with what was deferred meanwhile
+            self._lazy = None
+            await self._append([])
+
+        task = asyncio.create_task(run())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved by settle; no stray warning
+        self._pending = self.opening = task
+
+    def ride_opening(self) -> bool:
+        """True: the lazy TurnStarted was not written and now goes at the head of the stream's next append (the
+        caller's closing commit). False: none is pending, or its append has begun."""
+        if self._lazy is None:
+            return False
+        self._deferred.insert(0, self._lazy)
+        self._lazy = None
+        self._now.set()
+        return True
+
+    @property
+    def lazily_opening(self) -> bool:
+        return self._lazy is not None
+
     def emit_beside(self, type_: str, data: dict[str, Any], *key: Any) -> asyncio.Task:
         """Start the append and return at once: what follows runs beside it (e.g. the model call). Versions stay
         sequential: every later append of this stream — :meth:`emit`, :meth:`settle`, the terminal event — first
         awaits this one, and its failure (a conflict: :meth:`_why_moved`) surfaces there."""
+        self._now.set()  # a lazy TurnStarted goes first, now
         prev = self._pending
 
         async def run() -> None:
@@ -160,6 +202,7 @@ class TurnStream:
         running."""
         if self.opening is not None:
             opening, self.opening = self.opening, None
+            self._now.set()  # a lazy TurnStarted is written now
             try:
                 await opening
             except BaseException:
@@ -168,8 +211,10 @@ class TurnStream:
 
     def once_opened(self, work: Callable[..., Awaitable[Any]], *args: Any, otherwise: Any = None) -> Awaitable[Any]:
         """``work(*args)`` once TurnStarted is stored (at once when it is not pending), ``otherwise`` when it was
-        not: a write beside the model call that an attempt which does not own the turn must not make."""
-        opening = self.opening  # taken now: :meth:`opened` clears it while the call runs
+        not: a write beside the model call that an attempt which does not own the turn must not make. With a lazy
+        TurnStarted (:meth:`open_lazily`), at once: waiting for it would put the write after the call (an attempt
+        that turns out not to own the turn leaves a provisional reference the blob store's GC reclaims)."""
+        opening = None if self._lazy is not None else self.opening  # taken now: :meth:`opened` clears it later
 
         async def run() -> Any:
             if opening is not None:
@@ -182,6 +227,7 @@ class TurnStream:
 
     async def settle(self) -> None:
         """Wait for the append started by :meth:`emit_beside` (raising what it raised)."""
+        self._now.set()  # a lazy TurnStarted not taken by :meth:`ride_opening` is written now
         if self._pending is not None:
             pending, self._pending = self._pending, None
             await pending
@@ -375,6 +421,9 @@ class TurnRunner:
     compaction_heartbeat_s: float = COMPACTION_HEARTBEAT_S
     local_turn_start_plan: bool = True  # a turn start with nothing to fold is planned here (no compaction call)
     keep_request_patience_s: float = 20.0
+    # a first attempt whose first model call is not streamed writes TurnStarted only past this (or when anything
+    # else is written first); answered sooner with nothing to run, TurnStarted rides with the closing commit
+    lazy_turn_start_s: float = 2.0
     # a first attempt's turn-start window when its work message carried it (a conversation its command created)
     _windows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     # first attempts that have made nothing the blob store keeps as a provisional reference of the turn (no tool
@@ -440,12 +489,15 @@ class TurnRunner:
                         return "failed"
                     if not st.started:  # beside turn-start compaction (which reads the conversation, not the turn)
                         self._clean.add(turn_id)
-                        ts.opening = ts.emit_beside("TurnStarted", {
-                            "turnId": turn_id, "conversationId": cmd["conversationId"],
-                            "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]})
-                        # its request goes out first: a write, it takes longer than the turn-start read, and what
-                        # the first model call produces waits for it
-                        await asyncio.sleep(0)
+                        started = {"turnId": turn_id, "conversationId": cmd["conversationId"],
+                                   "userMessageId": cmd["userMessageId"], "anchorId": cmd["userMessageId"]}
+                        if (cmd.get("provider") or {}).get("stream") is False and self.lazy_turn_start_s > 0:
+                            ts.open_lazily(started, self.lazy_turn_start_s)  # nothing is shown while it runs
+                        else:
+                            ts.opening = ts.emit_beside("TurnStarted", started)
+                            # its request goes out first: a write, it takes longer than the turn-start read, and
+                            # what the first model call produces waits for it
+                            await asyncio.sleep(0)
                     else:
                         await ts.emit("TurnResumed", {"turnId": turn_id, "attempt": st.attempts + 1,
                                                       "fromStep": st.next_step}, st.attempts + 1)
@@ -650,6 +702,7 @@ class TurnRunner:
         stored; refused (an abort, another writer), the call is cancelled — the SDK closes the connection — and the
         refusal raised, nothing of the call sent or recorded."""
         pending = ts.opening is not None and not ts.opening.done()
+        lazy = ts.lazily_opening
         deltas = self._delta_publisher(turn_id, step, held=pending)
 
         async def call() -> tuple[Any, float]:
@@ -664,6 +717,16 @@ class TurnRunner:
         if not pending:
             await ts.opened()  # stored already (or refused: raised here, before any model is asked)
             return await call()
+        if lazy:  # TurnStarted not written yet (a call that is not streamed: TurnStream.open_lazily)
+            response, ms = await call()
+            if not response.tool_calls and ts.lazily_opening:
+                # the answer: TurnStarted rides with the closing commit (TurnRunner._end_in_one_commit); its text
+                # reaches the waiting edge in the end notice, no delta needed
+                deltas.drop()
+                return response, ms
+            await ts.opened()  # written now (or refused: raised, nothing of the call recorded or run)
+            await deltas.release()
+            return response, ms
         task = asyncio.create_task(call())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a refused attempt's call: not retrieved
         try:
@@ -765,6 +828,7 @@ class TurnRunner:
         right after the commit (``endNotice``, one hop less to the waiting edge), else from here. False: nothing of
         it is (a conflict — the answer's prefix recorded first by another turn, too — or a persistence without
         ``turnAppend``): the caller takes the serial path."""
+        ts.ride_opening()  # a lazy TurnStarted not written yet heads this commit
         await ts.settle()  # appends started beside the work come first (versions are sequential)
         deferred = ts.take_deferred()
         events = [*deferred, *([{"eventId": event_id(st.turn_id, "StepServed", served["step"]), "type": "StepServed",
