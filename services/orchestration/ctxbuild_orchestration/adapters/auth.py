@@ -18,8 +18,8 @@ and belongs to a tenant:
   ``exp`` required, issuer and audience checked, the tenant named by the claim ``CTX_OIDC_TENANT_CLAIM``.
 
 Missing or invalid credentials → 401 with ``WWW-Authenticate: Bearer``; a valid one without the admin scope on an
-admin route → 403. Per-credential limits (settings, per-key overrides at creation): requests per second (a moving
-window, ``limits``) and concurrent running turns → 429 with ``Retry-After``. Both are counted per edge replica.
+admin route → 403. Per-credential limits (settings, per-key overrides at creation): requests per second (a sliding
+window counter, ``limits``) and concurrent running turns → 429 with ``Retry-After``. Both are counted per edge replica.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ctxbuild_platform.errors import RemoteError
 from fastapi import HTTPException, Request
 from limits import RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
-from limits.aio.strategies import MovingWindowRateLimiter
+from limits.aio.strategies import SlidingWindowCounterRateLimiter
 
 from ..domain.keys import (
     ADMIN_TENANT,
@@ -122,9 +122,11 @@ class Authenticator:
     read_stream: Callable[[str], Awaitable[list[dict[str, Any]]]]
     hasher: PasswordHasher = field(default_factory=PasswordHasher)
     _cache: OrderedDict[str, _Cached] = field(default_factory=OrderedDict)
-    # the asyncio storage: the thread-based one starts a timer thread on most hits (its expiry sweep), and the event
-    # loop waits for each such thread to start
-    _limiter: MovingWindowRateLimiter = field(default_factory=lambda: MovingWindowRateLimiter(MemoryStorage()))
+    # no thread on the request path: the thread-based storage starts a timer thread on most hits (its expiry sweep;
+    # the event loop waits for it to start), and the asyncio one sweeps moving-window entries through the thread
+    # pool — its counters (fixed and sliding windows) are swept in the loop
+    _limiter: SlidingWindowCounterRateLimiter = field(
+        default_factory=lambda: SlidingWindowCounterRateLimiter(MemoryStorage()))
     _running: dict[str, set[str]] = field(default_factory=dict)  # subject → turns it admitted on this replica
     _jwks: jwt.PyJWKClient | None = None
 
