@@ -41,8 +41,10 @@ SERVICE_FAULTS = {"truncation": "truncation", "persistence": "persistence", "blo
                   "compaction": "compaction", "mcp_catalog": "mcp_catalog", "runner": "orchestration"}
 FAULTS = [*SERVICE_FAULTS, "nats", "postgres", "s3", "poison"]
 # the faulted turn's stamp calls take this long in all (its recorded tools take no time): long enough for three
-# faults and their restarts to land while it runs; the fault-free run takes no delay (inputs are not compared)
-TURN_MS = 16_000
+# faults and their restarts to land while it runs — a service restart waits for readiness, and on a loaded 2-core
+# machine a compaction restart outlasted the 7 steps (of 0.76 s each at 16 s) left before the third point: that
+# fault landed after its turn had ended (29 of 30); the fault-free run takes no delay (inputs are not compared)
+TURN_MS = 24_000
 TURN_PATIENCE_S = 240.0  # after the last fault is over: a turn with no terminal event by then is stuck
 POISON = {  # what no consumer can process, published on the turn queue (JetStream) like a real command
     "deep-array": b"[" * 200_000 + b"]" * 200_000,
