@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -17,10 +18,39 @@ from ctxbuild_platform.errors import RemoteError
 pytestmark = pytest.mark.integration
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+class Output(threading.Thread):
+    """A process's output, read as it comes (so a test can wait for a line while the process runs)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.lines = proc, []
+        self.changed = threading.Condition()
+        self.start()
+
+    def run(self) -> None:
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.decode(errors="replace"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def text(self) -> str:
+        with self.changed:
+            return "".join(self.lines)
+
+    def wait_for(self, needle: str, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(
+                lambda: any(needle in line for line in self.lines) or not self.is_alive(), timeout) and any(
+                needle in line for line in self.lines)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30, output: Output | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "exited"
+        assert proc.poll() is None, (output.text() if output else
+                                     proc.stdout.read().decode() if proc.stdout else "exited")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -103,12 +133,15 @@ async def test_startup_waits_for_a_late_dependency_and_readiness_follows_it(stac
            "CTX_S3_ENDPOINT": f"http://127.0.0.1:{proxy.port}", "CTX_S3_TIMEOUT_S": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ctxbuild_blobstore"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = Output(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        await asyncio.sleep(3)
+        # S3 comes up only once start-up has met it down and said it retries (a fixed head start raced a slow
+        # start-up: on a loaded machine the service reached S3 after the proxy was up, and had nothing to retry)
+        assert await asyncio.to_thread(output.wait_for, "startup-retry", 60), output.text()
         assert proc.poll() is None, "start-up gave up instead of retrying"
         await proxy.start()
-        await asyncio.to_thread(_wait_ready, f"{base}/readyz", proc, 60)
+        await asyncio.to_thread(_wait_ready, f"{base}/readyz", proc, 60, output)
         await proxy.stop()
         async with httpx.AsyncClient(timeout=10) as http:
             for _ in range(50):
@@ -121,8 +154,9 @@ async def test_startup_waits_for_a_late_dependency_and_readiness_follows_it(stac
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            out = proc.communicate(timeout=20)[0].decode()
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out = proc.communicate()[0].decode()
-    assert "startup-retry" in out
+            proc.wait()
+    output.join()
+    assert output.text().count("startup-retry") >= 1
