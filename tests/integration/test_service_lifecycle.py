@@ -23,7 +23,7 @@ class Output(threading.Thread):
 
     def __init__(self, proc: subprocess.Popen) -> None:
         super().__init__(daemon=True)
-        self.proc, self.lines = proc, []
+        self.proc, self.lines, self.ended = proc, [], False
         self.changed = threading.Condition()
         self.start()
 
@@ -33,6 +33,7 @@ class Output(threading.Thread):
                 self.lines.append(line.decode(errors="replace"))
                 self.changed.notify_all()
         with self.changed:
+            self.ended = True
             self.changed.notify_all()
 
     def text(self) -> str:
@@ -40,10 +41,13 @@ class Output(threading.Thread):
             return "".join(self.lines)
 
     def wait_for(self, needle: str, timeout: float) -> bool:
+        """Whether a line holding ``needle`` came before the output ended or ``timeout`` passed."""
+        def seen() -> bool:
+            return any(needle in line for line in self.lines)
+
         with self.changed:
-            return self.changed.wait_for(
-                lambda: any(needle in line for line in self.lines) or not self.is_alive(), timeout) and any(
-                needle in line for line in self.lines)
+            self.changed.wait_for(lambda: seen() or self.ended, timeout)
+            return seen()
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30, output: Output | None = None) -> None:

@@ -17,7 +17,15 @@ from typing import Any
 
 import anthropic
 
-from .base import ModelRequest, ModelResponse, ProviderError, TextCallback, tool_input, usage_dict
+from .base import (
+    WHOLE_ANSWER_TIMEOUT_S,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    TextCallback,
+    tool_input,
+    usage_dict,
+)
 from .openai_chat import output_text
 
 try:  # the SDK's own HTTP package: a connection lost mid-stream surfaces as its error, not an SDK one
@@ -26,7 +34,6 @@ except ImportError:  # pragma: no cover - anthropic<2 used httpx
     import httpx as _http  # type: ignore[no-redef]
 
 EPHEMERAL = {"type": "ephemeral"}
-WHOLE_ANSWER_TIMEOUT_S = 600.0  # a non-streamed call: how long its response may take (the SDK's own default)
 
 
 def to_wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,8 +226,6 @@ class AnthropicMessagesProvider:
         self.model = model
         self.max_tokens = max_tokens
         self.stream = stream
-        # not streamed, nothing arrives until the whole answer is written: the client's timeout (between events of
-        # a stream) would cap the answer's length
         self.whole_answer_timeout_s = whole_answer_timeout_s
 
     async def complete(self, request: ModelRequest, *, on_text: TextCallback | None = None) -> ModelResponse:

@@ -10,6 +10,9 @@ from typing import Any, Protocol
 
 # receives the model's text as it streams (one call per delta; a non-streaming call gives one delta)
 TextCallback = Callable[[str], Awaitable[None]]
+# a call that is not streamed: how long its response may take (the SDKs' own default). Nothing arrives before the
+# whole answer is written, so the client's timeout (between chunks of a stream) would cap the answer's length
+WHOLE_ANSWER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from typing import Any
 
 import openai
 
-from .base import ModelRequest, ModelResponse, ProviderError, TextCallback, tool_input, usage_dict
+from .base import (
+    WHOLE_ANSWER_TIMEOUT_S,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    TextCallback,
+    tool_input,
+    usage_dict,
+)
 
 
 def output_text(output: dict[str, Any]) -> str:
@@ -184,7 +192,6 @@ _PATH = "/chat/completions"
 # the auth chat.completions.create asks for (the client's API key as a bearer token)
 _OPTIONS = openai.RequestOptions(security={"bearer_auth": True})
 _CHUNKS = openai.AsyncStream[object]  # each SSE chunk as its decoded JSON
-WHOLE_ANSWER_TIMEOUT_S = 600.0  # a non-streamed call: how long its response may take (the SDK's own default)
 
 
 class OpenAIChatProvider:
@@ -200,8 +207,6 @@ class OpenAIChatProvider:
                                               max_retries=max_retries)
         self.model = model
         self.stream = stream
-        # not streamed, nothing arrives until the whole answer is written: the client's timeout (between chunks
-        # of a stream) would cap the answer's length
         self._whole = openai.RequestOptions(security={"bearer_auth": True}, timeout=whole_answer_timeout_s)
 
     def params(self, request: ModelRequest) -> dict[str, Any]:

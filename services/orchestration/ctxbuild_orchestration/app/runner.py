@@ -154,24 +154,25 @@ class TurnStream:
                 await prev
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._now.wait(), grace_s)
-            if self._lazy is None:  # it rides with the closing commit
-                return
-            self._deferred.insert(0, self._lazy)  # first, with what was deferred meanwhile
-            self._lazy = None
-            await self._append([])
+            if self._take_lazy():  # first, with what was deferred meanwhile (else it rides with the closing commit)
+                await self._append([])
 
         task = asyncio.create_task(run())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved by settle; no stray warning
         self._pending = self.opening = task
 
-    def ride_opening(self) -> bool:
-        """True: the lazy TurnStarted was not written and now goes at the head of the stream's next append (the
-        caller's closing commit). False: none is pending, or its append has begun."""
+    def ride_opening(self) -> None:
+        """A lazy TurnStarted not written yet goes at the head of the stream's next append (the caller's closing
+        commit); none pending, or its append begun: nothing to do."""
+        self._take_lazy()
+        self._now.set()
+
+    def _take_lazy(self) -> bool:
+        """Move the lazy TurnStarted, if still pending, to the head of the deferred events."""
         if self._lazy is None:
             return False
         self._deferred.insert(0, self._lazy)
         self._lazy = None
-        self._now.set()
         return True
 
     @property
