@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from ctxbuild_platform.errors import RemoteError
 from ctxbuild_platform.rpc import RpcClient, declarations, rpc, start_servers, stop_servers
-from ctxbuild_platform.telemetry import configure_tracing
+from ctxbuild_platform.telemetry import add_span_processor, configure_tracing
 from faststream.nats import NatsBroker
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -213,8 +213,7 @@ async def test_without_a_graceful_timeout_stop_does_not_wait_for_handlers(stack,
 async def test_the_callers_trace_continues_into_the_handler_and_the_reply(servers, nats_broker):
     spans = InMemorySpanExporter()
     configure_tracing("lean-test")
-    provider = trace.get_tracer_provider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))  # type: ignore[attr-defined]
+    add_span_processor(SimpleSpanProcessor(spans))
     seen: dict[str, str] = {}
 
     async def handler(payload):

@@ -13,6 +13,7 @@ from ctxbuild_orchestration.app.runner import TurnRunner
 from ctxbuild_platform.rpc import RpcClient
 from ctxbuild_platform.service import broker_options
 from ctxbuild_platform.settings import ServiceSettings
+from ctxbuild_platform.telemetry import add_span_processor
 from ctxbuild_providers import ReplayProvider
 from faststream.nats import NatsBroker
 from opentelemetry import trace
@@ -33,7 +34,7 @@ async def test_a_turn_is_one_trace_across_the_services(stack, services):
     settings = ServiceSettings(service_name="trace-test", nats_url=stack.env["CTX_NATS_URL"])
     opts = broker_options(settings)
     spans = InMemorySpanExporter()
-    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(spans))  # type: ignore[attr-defined]
+    add_span_processor(SimpleSpanProcessor(spans))  # spans are recorded from here on
     broker = NatsBroker(**opts)
     await broker.connect()
     try:

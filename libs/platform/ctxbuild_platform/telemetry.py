@@ -2,10 +2,16 @@
 
 Finding #5: ending a span when no tracer provider is configured must be a no-op, never an exception.
 `span()` uses the API's global tracer, which is a no-op tracer until `configure_tracing` installs the SDK.
+
+Spans are recorded only once something takes them (an exporter, or a processor added through
+:func:`add_span_processor`): until then every span is a non-recording one that still carries a trace id, so trace
+context still propagates over NATS and into events and logs, without the per-span work nobody would read. An
+``OTEL_TRACES_SAMPLER`` in the environment is the operator's choice and is used as the SDK reads it, unchanged.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -16,31 +22,68 @@ from faststream.response import PublishType
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _provider: TracerProvider | None = None
 
 
+class RecordWhenTaken(Sampler):
+    """The SDK's default sampler (parent-based, always on) once a span processor takes spans; before that, no span
+    is recorded (``DROP``: a non-recording span with a trace id of its own or its parent's). Recording a span
+    builds its attributes, ids and timings and runs the processors' hooks; with no processor it is thrown away."""
+
+    def __init__(self) -> None:
+        self.taken = False
+        self._inner = ParentBased(ALWAYS_ON)
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+                      trace_state=None) -> SamplingResult:
+        if self.taken:
+            return self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        parent = trace.get_current_span(parent_context).get_span_context()
+        return SamplingResult(Decision.DROP, trace_state=parent.trace_state if parent.is_valid else None)
+
+    def get_description(self) -> str:
+        return f"RecordWhenTaken{{{self._inner.get_description()}}}"
+
+
+_sampler: RecordWhenTaken | None = None
+
+
 def configure_tracing(service: str, otlp_endpoint: str | None = None,
                       exporter: SpanExporter | None = None) -> TracerProvider:
-    """Install the SDK provider once per process (OTel forbids replacing the global one)."""
-    global _provider
+    """Install the SDK provider once per process (OTel forbids replacing the global one); spans are recorded from
+    the first exporter on (module docstring)."""
+    global _provider, _sampler
     if _provider is not None:
         if exporter is not None:
-            _provider.add_span_processor(BatchSpanProcessor(exporter))
+            add_span_processor(BatchSpanProcessor(exporter))
         return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": f"ctxbuild-{service}"}))
+    # the operator's OTEL_TRACES_SAMPLER is read by the SDK itself; otherwise record only once spans are taken
+    _sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else RecordWhenTaken()
+    provider = TracerProvider(resource=Resource.create({"service.name": f"ctxbuild-{service}"}), sampler=_sampler)
+    trace.set_tracer_provider(provider)
+    _provider = provider
     if exporter is None and otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=otlp_endpoint.rstrip("/") + "/v1/traces")
     if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    _provider = provider
+        add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def add_span_processor(processor: SpanProcessor) -> None:
+    """Hand this process's spans to ``processor`` (an exporter's, a test's in-memory one) from now on: spans
+    started after this call are recorded. Needs :func:`configure_tracing` first."""
+    if _provider is None:
+        raise RuntimeError("configure_tracing() first")
+    _provider.add_span_processor(processor)
+    if _sampler is not None:
+        _sampler.taken = True
 
 
 # a proxy until configure_tracing installs the provider, then that provider's tracer (not looked up per span)
