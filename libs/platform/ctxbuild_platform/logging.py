@@ -17,6 +17,9 @@ def _add_trace_ids(_logger, _name, event_dict):
     return event_dict
 
 
+CHATTY_HTTP_LOGGERS = ("httpx", "httpx2")  # httpx2: the OpenAI SDK's HTTP client
+
+
 def configure_logging(service: str, level: str = "INFO") -> structlog.stdlib.BoundLogger:
     lvl = getattr(logging, level.upper(), logging.INFO)
     shared = [
@@ -28,7 +31,8 @@ def configure_logging(service: str, level: str = "INFO") -> structlog.stdlib.Bou
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # one write per line (PrintLogger's print() writes the line and its newline apart on unbuffered stderr)
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # stdlib loggers (faststream, uvicorn) go through the same JSON renderer
@@ -40,5 +44,8 @@ def configure_logging(service: str, level: str = "INFO") -> structlog.stdlib.Bou
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
+    # the HTTP clients' line per request ("HTTP Request: POST …") repeats what the turn's events and spans hold
+    for chatty in CHATTY_HTTP_LOGGERS:
+        logging.getLogger(chatty).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
     structlog.contextvars.bind_contextvars(service=service)
     return structlog.get_logger(service)
