@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from types import SimpleNamespace
 
 import nats
 import pytest
 from ctxbuild_orchestration.adapters.backends import Backends, new_event
 from ctxbuild_orchestration.adapters.deltas import TurnFeed
+from ctxbuild_orchestration.adapters.turn_watch import TurnWatch, publish_ended
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +93,27 @@ async def test_a_feed_without_deltas_only_wakes(stack):
     finally:
         await feed.close()
         await nc.drain()
+
+
+async def test_a_watch_for_one_whole_answer_takes_only_the_end_notice(stack):
+    # a non-streamed gateway request waits for the end alone: deltas and append notices are not even delivered
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-endonly")
+    turn = f"t-{uuid.uuid4().hex}"
+    whole, live = TurnWatch(deltas=False), TurnWatch()
+    try:
+        await whole.subscribe(nc, turn)
+        await live.subscribe(nc, turn)
+        await nc.flush()
+        await nc.publish(f"ctx.turn.delta.{turn}", json.dumps({"turnId": turn, "step": 1, "seq": 0,
+                                                               "text": "x"}).encode())
+        await nc.publish(f"ctx.turn.appended.{turn}", json.dumps({"turnId": turn, "toVersion": 2}).encode())
+        await publish_ended(SimpleNamespace(connection=nc), turn, "TurnCompleted")  # a broker's connection
+        assert await asyncio.wait_for(live.items.get(), 10) == ("delta", {"step": 1, "seq": 0, "text": "x"})
+        assert (await asyncio.wait_for(live.items.get(), 10))[0] == "ended"
+        assert (await asyncio.wait_for(whole.items.get(), 10)) == ("ended", {"turnId": turn, "type": "TurnCompleted"})
+        assert whole._sub.delivered == 1  # nats-py's count: the delta and the append notice never reached it
+    finally:
+        await whole.close()
+        await live.close()
+        await nc.drain()
+

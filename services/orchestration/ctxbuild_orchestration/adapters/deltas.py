@@ -46,8 +46,10 @@ class TurnNotices:
     async def on_message(self, msg: Any) -> None:
         raise NotImplementedError
 
+    kinds = "*"  # which notices: every kind, or one (``ended``)
+
     async def subscribe(self, connection: Any, turn_id: str) -> None:
-        self._sub = await connection.subscribe(f"ctx.turn.*.{turn_id}", cb=self.on_message)
+        self._sub = await connection.subscribe(f"ctx.turn.{self.kinds}.{turn_id}", cb=self.on_message)
 
     async def close(self) -> None:
         if self._sub is not None:

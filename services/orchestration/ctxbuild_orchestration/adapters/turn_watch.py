@@ -38,10 +38,13 @@ async def publish_ended(broker: Any, turn_id: str, type_: str, result: dict[str,
 
 class TurnWatch(TurnNotices):
     """A turn's live deltas (``{"step", "seq", "text"}``) and its end, in arrival order on one queue: items are
-    ``("delta", dict)`` or ``("ended", type)``. Malformed messages are dropped."""
+    ``("delta", dict)`` or ``("ended", type)``. Malformed messages are dropped. Without ``deltas`` (a waiter for
+    one whole answer) only the end notice is subscribed to: the turn's other notices are not delivered at all."""
 
-    def __init__(self, maxsize: int = 10_000) -> None:
+    def __init__(self, maxsize: int = 10_000, deltas: bool = True) -> None:
         self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=maxsize)
+        if not deltas:
+            self.kinds = "ended"
 
     async def on_message(self, msg: Any) -> None:
         try:

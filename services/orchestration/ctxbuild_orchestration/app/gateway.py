@@ -289,7 +289,7 @@ class Gateway:
         creation = new_event("ConversationCreated", {
             "conversationId": conversation_id, "tenantId": who.tenant, "settings": cs,
             "title": f"gateway: {req.model}"[:200]}) if created else None
-        watch = TurnWatch()  # before the turn is queued: its deltas and end cannot be missed
+        watch = TurnWatch(deltas=req.stream)  # before the turn is queued: its deltas and end cannot be missed
         await watch.subscribe(self.backends.rpc.broker.connection, turn_id)
         started = Started(req, conversation_id, turn_id, hashes[-1], watch, t0, created=created, who=who)
         provider: dict[str, Any] = {"kind": model.dialect, "model": model.upstream_model}
