@@ -17,7 +17,7 @@ import pytest
 from ctxbuild_codec.models.subjects.ctx_persist_history_request import PersistHistoryRequest
 from ctxbuild_persistence.adapters.db import Database
 from ctxbuild_persistence.adapters.event_store import EventStore
-from ctxbuild_persistence.adapters.projection import Projector, read_events, snapshot, stream_head
+from ctxbuild_persistence.adapters.projection import Projector, read_events, read_page, snapshot, stream_head
 from ctxbuild_persistence.app import History
 from ctxbuild_persistence.domain.conversation import history
 from ctxbuild_persistence.settings import Settings
@@ -354,6 +354,12 @@ async def test_two_projectors_racing_apply_every_event_once(persistence, rpc, st
             capped = await read_events(conn, first, 100, max_bytes=1)
             assert len(capped) == 1 and capped[0].data is not None  # one event at least, then the byte cap
             assert len(await read_events(conn, first, 100, max_bytes=10_000)) > 1
+            # a page says whether more may follow it: full by count or by bytes; one that is not holds the rest
+            assert (await read_page(conn, first, 100, max_bytes=1))[1] is True
+            assert (await read_page(conn, first, 2))[1] is True
+            rest, full = await read_page(conn, first, 1_000_000, max_bytes=1 << 40)
+            assert not full and len(rest) >= written * len(cids)
+            assert (await read_page(conn, rest[-1].position, 10))[0] == []
         for cid in cids:
             h = await projection_history(stack, cid)  # the service folds a conversation of 15 events
             same(h, await folded(rpc, cid))
@@ -400,3 +406,32 @@ async def test_rebuild_gives_the_same_rows_as_the_live_projection(persistence, r
         assert await snapshot(conn) == live
     finally:
         await conn.close()
+
+
+async def test_an_event_that_fails_its_batch_in_the_database_is_parked_and_the_batch_goes_on(persistence, rpc,
+                                                                                              stack, pg):
+    """A batch is applied as one; an event that makes the database refuse it (here a message id too large for
+    its index: no check before writing sees it) sends the round back to per-event savepoints, which park it and
+    apply the rest of the same batch."""
+    bad_cid, good_cid = new_id(), new_id()
+    huge_id = os.urandom(6000).hex()  # incompressible: past a btree entry's limit
+    async with pg.transaction():  # one transaction: both events in the projector's same batch
+        positions = []
+        for cid, mid in ((bad_cid, huge_id), (good_cid, "m-after")):
+            data = json.dumps({"message": msg(mid)})
+            positions.append(await pg.fetchval(
+                "INSERT INTO persistence.events (stream_id, version, event_id, type, data) "
+                "VALUES ($1, 1, gen_random_uuid(), 'UserMessageAdded', $2::json) RETURNING position",
+                f"conversation:{cid}", data))
+            await pg.execute("INSERT INTO persistence.outbox (position) VALUES ($1)", positions[-1])
+
+    async def parked() -> asyncpg.Record | None:
+        return await pg.fetchrow("SELECT stream_id, reason FROM persistence.parked_events WHERE position = $1",
+                                 positions[0])
+
+    row = await wait_until(parked, timeout=30, what="the bad event parked")
+    assert row["stream_id"] == f"conversation:{bad_cid}" and "index row" in row["reason"], row["reason"]
+    assert await pg.fetchval("SELECT count(*) FROM persistence.messages WHERE conversation_id = $1",
+                             good_cid) == 1
+    assert await pg.fetchval("SELECT last_error FROM persistence.projection_tracking "
+                             "WHERE name = 'conversation'") is None

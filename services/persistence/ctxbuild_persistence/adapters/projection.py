@@ -62,15 +62,15 @@ TABLE_ORDER = {
 # the next events in global order, at most $2 of them and — past the first — at most $3 bytes of data; only
 # conversation streams' data is decoded (and sent)
 _READ_EVENTS = f"""
-SELECT position, tx::text::bigint AS tx, stream_id, version, type, data FROM (
-    SELECT position, tx, stream_id, version, type, d AS data,
-           sum(coalesce(octet_length(d), 0)) OVER (ORDER BY tx, position) - coalesce(octet_length(d), 0) AS before
+SELECT position, tx::text::bigint AS tx, stream_id, version, type, data, upto FROM (
+    SELECT position, tx, stream_id, version, type, d AS data, coalesce(octet_length(d), 0) AS own,
+           sum(coalesce(octet_length(d), 0)) OVER (ORDER BY tx, position) AS upto
     FROM (SELECT position, tx, stream_id, version, type,
                  CASE WHEN stream_id LIKE 'conversation:%' THEN data::text END AS d
           FROM persistence.events WHERE (tx, position) > ({cursor_tx("$1")}, $1) AND tx < {VISIBLE_BELOW}
           ORDER BY tx, position LIMIT $2) page
 ) sized
-WHERE before < $3
+WHERE upto - own < $3
 ORDER BY tx, position"""
 # the projection's position and the log cursor it stands for ((0, 0): nothing applied yet)
 _TRACKING = ("SELECT t.position, coalesce(e.tx::text::bigint, 0) AS tx FROM persistence.projection_tracking t "
@@ -136,16 +136,21 @@ def _printable(text: str) -> str:
     return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")[:1000]
 
 
-async def apply_isolated(conn: asyncpg.Connection, events: Sequence[LogEvent]) -> list[tuple[LogEvent, str]]:
+async def apply_isolated(conn: asyncpg.Connection, events: Sequence[LogEvent],
+                         savepoints: bool = True) -> list[tuple[LogEvent, str]]:
     """Project ``events`` like :func:`apply_batch`, parking the ones the projection cannot apply instead of
     failing the batch (SPEC §15.3: one bad event must not stop the projection of every conversation). Known bad
     shapes are found before writing (:func:`unprojectable`, also enforced at append time); anything else that
     fails is found by applying the batch one event at a time, each in its own savepoint. Returns the parked
-    events with their reasons (written to ``persistence.parked_events`` in the caller's transaction)."""
+    events with their reasons (written to ``persistence.parked_events`` in the caller's transaction).
+    Without ``savepoints`` the batch is applied as it is: a failure then aborts the caller's transaction, and the
+    caller runs the batch again with them (two round trips fewer per batch when nothing fails)."""
     parked = [(ev, reason) for ev in events if (reason := unprojectable(ev)) is not None]
     skip = {ev.position for ev, _ in parked}
     good = [ev for ev in events if ev.position not in skip]
-    if good:
+    if good and not savepoints:
+        await apply_batch(conn, good)
+    elif good:
         try:
             async with conn.transaction():  # a savepoint: a failure undoes this batch's rows only
                 await apply_batch(conn, good)
@@ -215,14 +220,22 @@ async def _insert_rows(conn: asyncpg.Connection, table: str, rows: Sequence[Any]
         [tuple(getattr(r, c) for c in columns) for r in rows])
 
 
-async def read_events(conn: asyncpg.Connection, after: int, limit: int,
-                      max_bytes: int = MAX_BATCH_BYTES) -> list[LogEvent]:
+async def read_page(conn: asyncpg.Connection, after: int, limit: int,
+                    max_bytes: int = MAX_BATCH_BYTES) -> tuple[list[LogEvent], bool]:
     """Up to ``limit`` events after the event at position ``after`` (0: the start) in log order, cut once their
     conversation data passes ``max_bytes`` (one event at least): a batch of large AssistantMessageCompleted
-    events stays bounded in memory."""
+    events stays bounded in memory. And whether the page is full — ``limit`` events, or cut by the byte budget
+    (then the data read reaches it) — so more may follow; a page that is not full holds every event visible."""
     rows = await conn.fetch(_READ_EVENTS, after, limit, max_bytes)
-    return [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"]), r["tx"])
-            for r in rows]
+    events = [LogEvent(r["position"], r["stream_id"], r["version"], r["type"], _load(r["data"]), r["tx"])
+              for r in rows]
+    return events, len(rows) >= limit or (bool(rows) and rows[-1]["upto"] >= max_bytes)
+
+
+async def read_events(conn: asyncpg.Connection, after: int, limit: int,
+                      max_bytes: int = MAX_BATCH_BYTES) -> list[LogEvent]:
+    """:func:`read_page`'s events."""
+    return (await read_page(conn, after, limit, max_bytes))[0]
 
 
 class Projector(WakeableWorker):
@@ -242,11 +255,21 @@ class Projector(WakeableWorker):
         self.events_parked = 0  # by this replica; persistence.parked_events has them all
         self._progress = asyncio.Condition()
         self._waiters = 0
+        self._page_full = False  # the last round's page was full: more may be waiting
 
     # ---------- work ----------
     async def project_once(self) -> int | None:
         """One batch. Returns how many events were read (0 = caught up), None if another replica holds the
-        projection (its progress is picked up by the next round)."""
+        projection (its progress is picked up by the next round). The batch is applied as one; should an event
+        fail it, the round runs again with each event in a savepoint (the failing ones parked)."""
+        try:
+            return await self._project_once(savepoints=False)
+        except UNAVAILABLE:
+            raise
+        except _APPLY_ERRORS:
+            return await self._project_once(savepoints=True)
+
+    async def _project_once(self, savepoints: bool) -> int | None:
         async with self.db.pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(_TRACKING_RELAXED, PROJECTION)
             if row is None:
@@ -254,10 +277,10 @@ class Projector(WakeableWorker):
                 await self._advance((row["tx"], row["position"]) if row is not None else (0, 0))
                 return None
             pos, cursor = row["position"], (row["tx"], row["position"])
-            events = await read_events(conn, pos, self.batch_size, self.batch_bytes)
+            events, self._page_full = await read_page(conn, pos, self.batch_size, self.batch_bytes)
             parked: list[tuple[LogEvent, str]] = []
             if events:
-                parked = await apply_isolated(conn, events)
+                parked = await apply_isolated(conn, events, savepoints)
                 pos, cursor = events[-1].position, events[-1].cursor
                 await conn.execute(
                     "UPDATE persistence.projection_tracking SET position = $2, updated_at = now(), last_error = NULL "
@@ -318,6 +341,11 @@ class Projector(WakeableWorker):
 
     async def round(self) -> int | None:
         return await self.project_once()
+
+    def more(self, done: int | None) -> bool:
+        # a page that was not full read every visible event: a later commit wakes the loop (an empty round cost a
+        # transaction and two reads after every batch)
+        return bool(done) and self._page_full
 
     def idle_timeout(self, done: int | None) -> float:
         # someone waits for it: another replica is projecting (None), or the awaited event is not visible yet (the
