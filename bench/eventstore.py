@@ -21,6 +21,9 @@ like production), then:
    shares the two cores with the service, so its own CPU is taken from the service): every request built and
    JSON-encoded before the timed run (the raw side pre-builds its rows), sent with nats-py's request on a plain
    connection, each reply checked (``{"result": …}`` with the expected toVersion; anything else fails the bench).
+   With 1 replica a relayed floor runs in the same rounds too: each connection INSERTs its rows and publishes each
+   committed row to a JetStream file stream of the same server (pipelined, every ack awaited) — the per-event work
+   the outbox relay adds to a commit, which raw INSERT leaves out (``throughput_ratio_32_streams_vs_relayed_floor``).
    With 1 replica the platform's ``RpcClient`` (claim check, a producer span per request, each event built in the
    loop) runs in the same rounds as a third side: ``throughput_ratio_32_streams_rpc_client``. A CPU census per
    level and side (``cpu_s_per_1k_events``): the bench process itself, nats-server, Postgres and the persistence
@@ -76,6 +79,8 @@ STEP_EVENTS = 5  # events of one agent step (issue #21's projection: ~5 per step
 TARGET_APPEND_RATIO_VS_FLOOR = 3.0
 TARGET_THROUGHPUT_RATIO_32 = 0.5
 FLOOR_SUBJECT = "bench.es.floor"
+# the relayed floor's own JetStream stream (file storage, the stack's NATS: sync_interval always, as CTX_EVENTS)
+RELAYED_STREAM, RELAYED_SUBJECT = "BENCH_RAW_EVENTS", "bench.raw.evt"
 APPEND_SUBJECT = "ctx.persist.append"
 EVENTS_STREAM, EVENTS_SUBJECTS = "CTX_EVENTS", "ctx.evt.>"  # where the outbox relay publishes (persistence settings)
 RAW_TABLE = """
@@ -239,11 +244,14 @@ class Bench:
 
         await self.nc.subscribe("bench.es.inproc", cb=echo)
         await self.nc.flush()
+        self.js = self.nc.jetstream()
+        await self.js.add_stream(name=RELAYED_STREAM, subjects=[f"{RELAYED_SUBJECT}.>"], storage="file")
         self.pool = await asyncpg.create_pool(self.stack.env["CTX_DATABASE_URL"], min_size=max(LEVELS),
                                               max_size=max(LEVELS))
         await self.pool.execute(RAW_TABLE)
 
     async def close(self) -> None:
+        await self.js.delete_stream(RELAYED_STREAM)
         await self.pool.execute("DROP SCHEMA bench_raw CASCADE")
         await self.pool.close()
         await self.nc.drain()
@@ -368,11 +376,37 @@ class Bench:
         await asyncio.gather(*(inserter() for _ in range(conns)))
         return time.perf_counter() - t0
 
+    async def raw_relayed_run(self, conns: int, per_conn: int) -> float:
+        """The relayed floor: ``conns`` connections, each inserting ``per_conn`` rows (one autocommitted INSERT
+        each, as :meth:`raw_run`) and publishing each row, once committed, to JetStream (its own file stream on the
+        same server, ``Nats-Msg-Id`` = the event id), pipelined; the run ends when every publish is acknowledged.
+        What any store that commits an event and hands it to JetStream pays per event, without a service."""
+        texts = [body(i) for i in range(per_conn)]
+
+        async def inserter() -> None:
+            stream = f"bench:{uuid.uuid4()}"
+            acks = []
+            async with self.pool.acquire() as conn:
+                stmt = await conn.prepare(RAW_INSERT)
+                for v in range(per_conn):
+                    eid = uuid.uuid4()
+                    await stmt.fetch(stream, v + 1, eid, texts[v])
+                    acks.append(await self.js.publish_async(f"{RELAYED_SUBJECT}.BenchEvent", texts[v].encode(),
+                                                            headers={"Nats-Msg-Id": str(eid)}))
+            for ack in acks:
+                await ack  # every event stored on JetStream, or the bench fails
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(inserter() for _ in range(conns)))
+        return time.perf_counter() - t0
+
     async def throughput(self, events: dict[int, int], cpu: dict[str, CpuGroup], batch: int = 1,
                          levels: tuple[int, ...] = LEVELS, rpc_client: bool = False) -> dict:
         """Per level, each side twice, the order reversed the second time; ``cpu`` names the process groups of the
         census (read around every run). Every event appended through the service is then checked on JetStream."""
-        sides = ("service", "service_rpc_client", "raw_insert") if rpc_client else ("service", "raw_insert")
+        sides: tuple[str, ...] = ("service", "raw_insert")
+        if rpc_client:  # the 1-replica runs: the platform's client and the relayed floor too, same rounds
+            sides = ("service", "service_rpc_client", "raw_insert", "raw_insert_relayed")
         out = {}
         for streams in levels:
             print(f"  {streams} streams …", flush=True)
@@ -385,6 +419,8 @@ class Bench:
                     before = {name: g.seconds() for name, g in cpu.items()}
                     if side == "raw_insert":
                         wall[side] += await self.raw_run(streams, per, batch)
+                    elif side == "raw_insert_relayed":
+                        wall[side] += await self.raw_relayed_run(streams, per)
                     elif side == "service":
                         wall[side] += await self.service_run(streams, per, ids, batch)
                     else:
@@ -411,6 +447,8 @@ class Bench:
             if rpc_client:
                 level["rpc_client"] = {"service_events_per_s": round(eps["service_rpc_client"], 1),
                                        "ratio": round(eps["service_rpc_client"] / eps["raw_insert"], 3)}
+                level["relayed_floor"] = {"events_per_s": round(eps["raw_insert_relayed"], 1),
+                                          "ratio": round(eps["service"] / eps["raw_insert_relayed"], 3)}
             out[f"streams_{streams}"] = level
         return out
 
@@ -516,6 +554,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         "throughput_ratio_target": TARGET_THROUGHPUT_RATIO_32,
         "throughput_ratio_32_streams_rpc_client": tp1["streams_32"]["rpc_client"]["ratio"],
         "throughput_ratio_32_streams_2_replicas": tp2["streams_32"]["ratio"],
+        "throughput_ratio_32_streams_vs_relayed_floor": tp1["streams_32"]["relayed_floor"]["ratio"],
         "throughput_ratio_32_streams_5_per_append": tp1_batch["streams_32"]["ratio"],
         "targets_hold": lat["append_ratio_vs_floor"] <= TARGET_APPEND_RATIO_VS_FLOOR
         and r32 >= TARGET_THROUGHPUT_RATIO_32,
@@ -544,6 +583,15 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
                                                       "RpcClient (claim check, JSON encoding, a producer span per "
                                                       "request; each event built in the timed loop), measured in "
                                                       "the same rounds as the lean generator and raw INSERT",
+            "throughput_ratio_32_streams_vs_relayed_floor": "the service's events/s at 32 streams (1 replica) / "
+                                                            "the relayed floor's in the same rounds: 32 asyncpg "
+                                                            "connections each INSERTing its rows (autocommit) and "
+                                                            "publishing each committed row to a JetStream file "
+                                                            "stream of the same server (sync always, Nats-Msg-Id), "
+                                                            "pipelined, the run ending when every publish is acked "
+                                                            "— the per-event work of committing an event and "
+                                                            "handing it to JetStream, which the service's outbox "
+                                                            "relay does and raw INSERT does not",
             "throughput_ratio_32_streams_5_per_append": "the same with 5 events per append (a step's events, as the "
                                                         "runner appends them) beside raw transactions of 5 INSERTs "
                                                         "each (asyncpg executemany: pipelined, one commit)",
