@@ -20,7 +20,8 @@ class ServiceSettings(BaseSettings):
     http_host: str = "127.0.0.1"
     log_level: str = "INFO"
     otel_exporter_otlp_endpoint: AnyUrl | None = Field(
-        None, description="OTLP/HTTP traces endpoint; unset = spans are created but not exported")
+        None, description="OTLP/HTTP traces endpoint; unset = spans carry trace ids (propagated, logged) but are not "
+                          "recorded")
     drain_timeout_s: float = Field(10.0, description="SIGTERM: time to finish in-flight requests")
     max_workers: int = Field(16, description="concurrent handlers per subscriber")
     startup_timeout_s: float = Field(60.0, description="how long start-up waits for its dependencies")
