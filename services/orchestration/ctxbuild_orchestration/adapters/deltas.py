@@ -38,15 +38,14 @@ async def publish_delta(broker: Any, delta: TurnTextDelta) -> None:
 
 
 class TurnNotices:
-    """One subscription to a turn's live notices, ``ctx.turn.*.<turnId>`` (deltas, appended, ended): subclasses
-    say what a message means (:meth:`on_message`)."""
+    """One subscription to a turn's live notices, ``ctx.turn.<kinds>.<turnId>`` (every kind: deltas, appended,
+    ended; or one): subclasses say what a message means (:meth:`on_message`)."""
 
     _sub: Any = None
+    kinds = "*"  # which notices: every kind, or one (``ended``)
 
     async def on_message(self, msg: Any) -> None:
         raise NotImplementedError
-
-    kinds = "*"  # which notices: every kind, or one (``ended``)
 
     async def subscribe(self, connection: Any, turn_id: str) -> None:
         self._sub = await connection.subscribe(f"ctx.turn.{self.kinds}.{turn_id}", cb=self.on_message)
