@@ -23,7 +23,12 @@ like production), then:
    connection, each reply checked (``{"result": …}`` with the expected toVersion; anything else fails the bench).
    With 1 replica a relayed floor runs in the same rounds too: each connection INSERTs its rows and publishes each
    committed row to a JetStream file stream of the same server (pipelined, every ack awaited) — the per-event work
-   the outbox relay adds to a commit, which raw INSERT leaves out (``throughput_ratio_32_streams_vs_relayed_floor``).
+   the outbox relay adds to a commit, which raw INSERT leaves out (``throughput_ratio_32_streams_vs_relayed_floor``);
+   and the same floor with its publishes spread over 4 JetStream streams (``relayed_floor_partitioned``): each
+   stream flushes its stores one at a time under ``sync: always``, so this shows whether partitioning lifts the cap.
+   And a service floor (``StoreFloor``): a bare nats-py responder in its own process that INSERTs each request's
+   event, replies, and publishes the event to JetStream — the least a NATS service that commits and relays each
+   event does, driven by the same generator (``throughput_ratio_32_streams_vs_service_floor``).
    With 1 replica the platform's ``RpcClient`` (claim check, a producer span per request, each event built in the
    loop) runs in the same rounds as a third side: ``throughput_ratio_32_streams_rpc_client``. A CPU census per
    level and side (``cpu_s_per_1k_events``): the bench process itself, nats-server, Postgres and the persistence
@@ -81,6 +86,13 @@ TARGET_THROUGHPUT_RATIO_32 = 0.5
 FLOOR_SUBJECT = "bench.es.floor"
 # the relayed floor's own JetStream stream (file storage, the stack's NATS: sync_interval always, as CTX_EVENTS)
 RELAYED_STREAM, RELAYED_SUBJECT = "BENCH_RAW_EVENTS", "bench.raw.evt"
+# the same floor spread over RELAYED_PARTITIONS streams (an event goes to the one its stream id hashes to): does a
+# JetStream store per event still cap the floor when the stores are not serialised in one stream?
+RELAYED_PARTITIONS = 4
+RELAYED_PART_STREAM, RELAYED_PART_SUBJECT = "BENCH_RAW_EVENTS_P", "bench.rawp"
+# the service floor (StoreFloor, in the floor responder's process)
+STORE_FLOOR_SUBJECT, STORE_FLOOR_SETTLE = "bench.es.store_floor", "bench.es.store_floor.settle"
+STORE_FLOOR_STREAM, STORE_FLOOR_EVENTS = "BENCH_STORE_FLOOR", "bench.sf.evt"
 APPEND_SUBJECT = "ctx.persist.append"
 EVENTS_STREAM, EVENTS_SUBJECTS = "CTX_EVENTS", "ctx.evt.>"  # where the outbox relay publishes (persistence settings)
 RAW_TABLE = """
@@ -220,9 +232,58 @@ async def floor_responder() -> None:
         await msg.respond(reply)
 
     await nc.subscribe(FLOOR_SUBJECT, cb=on_request)
+    await StoreFloor(nc).start()
     await nc.flush()
     print("ready", flush=True)
     await asyncio.Event().wait()
+
+
+class StoreFloor:
+    """The service floor of the throughput rounds, in the responder's process: the least a NATS service that
+    commits each event and relays it to JetStream does per append, with no framework, no validation, no outbox table
+    and no group commit. Per request (``STORE_FLOOR_SUBJECT``, the append's own bytes): decode it, INSERT each event
+    (a prepared, autocommitted asyncpg INSERT on a pooled connection, as raw INSERT), answer ``{"result": …}``
+    with the toVersion, then publish each event to JetStream (``STORE_FLOOR_STREAM``, ``Nats-Msg-Id``), pipelined
+    and not waited for before the reply — as the service's relay publishes after the commit. A request on
+    ``STORE_FLOOR_SETTLE`` waits for every publish's ack and answers how many were stored."""
+
+    def __init__(self, nc: nats.NATS) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(publish_async_max_pending=100_000)
+        self.acks: list[asyncio.Future] = []
+        self.tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self.pool = await asyncpg.create_pool(os.environ["CTX_DATABASE_URL"], min_size=max(LEVELS),
+                                              max_size=max(LEVELS))
+        await self.js.add_stream(name=STORE_FLOOR_STREAM, subjects=[f"{STORE_FLOOR_EVENTS}.>"], storage="file")
+        await self.nc.subscribe(STORE_FLOOR_SUBJECT, cb=self.on_append)
+        await self.nc.subscribe(STORE_FLOOR_SETTLE, cb=self.on_settle)
+
+    async def on_append(self, msg) -> None:
+        # nats-py runs a subscription's callbacks one at a time: each request gets a task, as concurrent as the
+        # service's handlers
+        task = asyncio.create_task(self.append(msg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def append(self, msg) -> None:
+        req = json.loads(msg.data)
+        events, stream, version = req["events"], req["streamId"], req["expectedVersion"]
+        texts = [json.dumps(e["data"]) for e in events]
+        async with self.pool.acquire() as conn:
+            for k, (e, text) in enumerate(zip(events, texts, strict=True), 1):
+                # the connection's statement cache: prepared once per connection, as raw INSERT's statement
+                await conn.execute(RAW_INSERT, stream, version + k, e["eventId"], text)
+        await msg.respond(json.dumps({"result": {"streamId": stream, "toVersion": version + len(events)}}).encode())
+        for e, text in zip(events, texts, strict=True):
+            self.acks.append(await self.js.publish_async(f"{STORE_FLOOR_EVENTS}.{e['type']}", text.encode(),
+                                                         headers={"Nats-Msg-Id": e["eventId"]}))
+
+    async def on_settle(self, msg) -> None:
+        acks, self.acks = self.acks, []
+        await asyncio.gather(*acks)
+        await msg.respond(json.dumps({"stored": len(acks)}).encode())
 
 
 # ---------------------------------------------------------------------------------------------------- the bench
@@ -246,12 +307,17 @@ class Bench:
         await self.nc.flush()
         self.js = self.nc.jetstream()
         await self.js.add_stream(name=RELAYED_STREAM, subjects=[f"{RELAYED_SUBJECT}.>"], storage="file")
+        for k in range(RELAYED_PARTITIONS):
+            await self.js.add_stream(name=f"{RELAYED_PART_STREAM}{k}", subjects=[f"{RELAYED_PART_SUBJECT}.{k}.>"],
+                                     storage="file")
         self.pool = await asyncpg.create_pool(self.stack.env["CTX_DATABASE_URL"], min_size=max(LEVELS),
                                               max_size=max(LEVELS))
         await self.pool.execute(RAW_TABLE)
 
     async def close(self) -> None:
         await self.js.delete_stream(RELAYED_STREAM)
+        for k in range(RELAYED_PARTITIONS):
+            await self.js.delete_stream(f"{RELAYED_PART_STREAM}{k}")
         await self.pool.execute("DROP SCHEMA bench_raw CASCADE")
         await self.pool.close()
         await self.nc.drain()
@@ -341,6 +407,24 @@ class Bench:
         await asyncio.gather(*(appender(plan) for plan in plans))
         return time.perf_counter() - t0
 
+    async def store_floor_run(self, streams: int, per_stream: int) -> float:
+        """The service floor (:class:`StoreFloor`) driven as the service is (the same lean generator, the same
+        request bytes and reply check); then, outside the timed run, every publish of the run must be acked."""
+        plans = [Appends(per_stream, 1) for _ in range(streams)]
+
+        async def appender(plan: Appends) -> None:
+            for data, to_version, _ in plan.requests:
+                msg = await self.nc.request(STORE_FLOOR_SUBJECT, data, timeout=60)
+                check_reply(msg.data, to_version)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(appender(plan) for plan in plans))
+        wall = time.perf_counter() - t0
+        settled = json.loads((await self.nc.request(STORE_FLOOR_SETTLE, b"", timeout=120)).data)["stored"]
+        if settled != streams * per_stream:
+            raise RuntimeError(f"the service floor stored {settled} of {streams * per_stream} events on JetStream")
+        return wall
+
     async def rpc_client_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1) -> float:
         """The previous load generator, kept as a second figure: the platform's RpcClient (claim check, JSON
         encoding, a producer span per request), each event built inside the timed loop."""
@@ -376,28 +460,32 @@ class Bench:
         await asyncio.gather(*(inserter() for _ in range(conns)))
         return time.perf_counter() - t0
 
-    async def raw_relayed_run(self, conns: int, per_conn: int) -> float:
+    async def raw_relayed_run(self, conns: int, per_conn: int, partitions: int = 1) -> float:
         """The relayed floor: ``conns`` connections, each inserting ``per_conn`` rows (one autocommitted INSERT
         each, as :meth:`raw_run`) and publishing each row, once committed, to JetStream (its own file stream on the
         same server, ``Nats-Msg-Id`` = the event id), pipelined; the run ends when every publish is acknowledged.
-        What any store that commits an event and hands it to JetStream pays per event, without a service."""
+        What any store that commits an event and hands it to JetStream pays per event, without a service. With
+        ``partitions`` > 1 the rows go to that many streams, the connections spread evenly over them (as a hash of
+        the stream id would on average)."""
         texts = [body(i) for i in range(per_conn)]
 
-        async def inserter() -> None:
+        async def inserter(i: int) -> None:
             stream = f"bench:{uuid.uuid4()}"
+            subject = (f"{RELAYED_SUBJECT}.BenchEvent" if partitions == 1 else
+                       f"{RELAYED_PART_SUBJECT}.{i % partitions}.BenchEvent")
             acks = []
             async with self.pool.acquire() as conn:
                 stmt = await conn.prepare(RAW_INSERT)
                 for v in range(per_conn):
                     eid = uuid.uuid4()
                     await stmt.fetch(stream, v + 1, eid, texts[v])
-                    acks.append(await self.js.publish_async(f"{RELAYED_SUBJECT}.BenchEvent", texts[v].encode(),
+                    acks.append(await self.js.publish_async(subject, texts[v].encode(),
                                                             headers={"Nats-Msg-Id": str(eid)}))
             for ack in acks:
                 await ack  # every event stored on JetStream, or the bench fails
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(inserter() for _ in range(conns)))
+        await asyncio.gather(*(inserter(i) for i in range(conns)))
         return time.perf_counter() - t0
 
     async def throughput(self, events: dict[int, int], cpu: dict[str, CpuGroup], batch: int = 1,
@@ -405,8 +493,9 @@ class Bench:
         """Per level, each side twice, the order reversed the second time; ``cpu`` names the process groups of the
         census (read around every run). Every event appended through the service is then checked on JetStream."""
         sides: tuple[str, ...] = ("service", "raw_insert")
-        if rpc_client:  # the 1-replica runs: the platform's client and the relayed floor too, same rounds
-            sides = ("service", "service_rpc_client", "raw_insert", "raw_insert_relayed")
+        if rpc_client:  # the 1-replica runs: the platform's client and the relayed floors too, same rounds
+            sides = ("service", "service_rpc_client", "raw_insert", "raw_insert_relayed",
+                     "raw_insert_relayed_partitioned", "service_floor")
         out = {}
         for streams in levels:
             print(f"  {streams} streams …", flush=True)
@@ -421,6 +510,10 @@ class Bench:
                         wall[side] += await self.raw_run(streams, per, batch)
                     elif side == "raw_insert_relayed":
                         wall[side] += await self.raw_relayed_run(streams, per)
+                    elif side == "raw_insert_relayed_partitioned":
+                        wall[side] += await self.raw_relayed_run(streams, per, RELAYED_PARTITIONS)
+                    elif side == "service_floor":
+                        wall[side] += await self.store_floor_run(streams, per)
                     elif side == "service":
                         wall[side] += await self.service_run(streams, per, ids, batch)
                     else:
@@ -448,7 +541,16 @@ class Bench:
                 level["rpc_client"] = {"service_events_per_s": round(eps["service_rpc_client"], 1),
                                        "ratio": round(eps["service_rpc_client"] / eps["raw_insert"], 3)}
                 level["relayed_floor"] = {"events_per_s": round(eps["raw_insert_relayed"], 1),
-                                          "ratio": round(eps["service"] / eps["raw_insert_relayed"], 3)}
+                                          "ratio": round(eps["service"] / eps["raw_insert_relayed"], 3),
+                                          "over_raw_insert": round(eps["raw_insert_relayed"] / eps["raw_insert"], 3)}
+                part = eps["raw_insert_relayed_partitioned"]
+                level["relayed_floor_partitioned"] = {"jetstream_streams": RELAYED_PARTITIONS,
+                                                      "events_per_s": round(part, 1),
+                                                      "ratio": round(eps["service"] / part, 3),
+                                                      "over_raw_insert": round(part / eps["raw_insert"], 3)}
+                floor = eps["service_floor"]
+                level["service_floor"] = {"events_per_s": round(floor, 1), "ratio": round(eps["service"] / floor, 3),
+                                          "over_raw_insert": round(floor / eps["raw_insert"], 3)}
             out[f"streams_{streams}"] = level
         return out
 
@@ -500,14 +602,15 @@ class Bench:
 async def run(stack: Stack, args: argparse.Namespace) -> dict:
     b = Bench(stack)
     await b.open()
-    responder = start_floor_responder(__file__, stack, "the bare NATS responder")
+    responder = start_floor_responder(__file__, stack, "the floor responder (bare NATS, service floor)")
     main_pid = stack.procs["persistence"]["pid"]
     # the census: where the two cores go during each run (the bench's own process without its children: the stack
     # is its child processes)
     cpu = {"bench_client": CpuGroup([os.getpid()], children=False),
            "nats_server": CpuGroup([stack.procs["nats"]["pid"]]),
            "postgres": CpuGroup([stack.procs["postgres"]["pid"]]),
-           "service": CpuGroup([main_pid])}
+           "service": CpuGroup([main_pid]),
+           "floor_responder": CpuGroup([responder.pid])}
     events = {1: args.events_1, 8: args.events_8, 32: args.events_32}
     result: dict = {"benchmark": "eventstore", "event_bytes": EVENT_BYTES}
     try:
@@ -555,6 +658,12 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
         "throughput_ratio_32_streams_rpc_client": tp1["streams_32"]["rpc_client"]["ratio"],
         "throughput_ratio_32_streams_2_replicas": tp2["streams_32"]["ratio"],
         "throughput_ratio_32_streams_vs_relayed_floor": tp1["streams_32"]["relayed_floor"]["ratio"],
+        # how far below raw INSERT any store that hands each committed event to JetStream stays, service or none
+        "relayed_floor_over_raw_insert_32_streams": tp1["streams_32"]["relayed_floor"]["over_raw_insert"],
+        "relayed_floor_partitioned_over_raw_insert_32_streams":
+            tp1["streams_32"]["relayed_floor_partitioned"]["over_raw_insert"],
+        "throughput_ratio_32_streams_vs_service_floor": tp1["streams_32"]["service_floor"]["ratio"],
+        "service_floor_over_raw_insert_32_streams": tp1["streams_32"]["service_floor"]["over_raw_insert"],
         "throughput_ratio_32_streams_5_per_append": tp1_batch["streams_32"]["ratio"],
         "targets_hold": lat["append_ratio_vs_floor"] <= TARGET_APPEND_RATIO_VS_FLOOR
         and r32 >= TARGET_THROUGHPUT_RATIO_32,
@@ -592,14 +701,35 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict:
                                                             "— the per-event work of committing an event and "
                                                             "handing it to JetStream, which the service's outbox "
                                                             "relay does and raw INSERT does not",
+            "relayed_floor_over_raw_insert_32_streams": "the relayed floor's events/s / raw INSERT's, 32 connections, "
+                                                        "same rounds: the most any store that hands every committed "
+                                                        "event to a sync-always JetStream could reach of raw INSERT "
+                                                        "here, with no service at all",
+            "relayed_floor_partitioned_over_raw_insert_32_streams": "the same with the publishes spread over "
+                                                                    f"{RELAYED_PARTITIONS} JetStream streams (the "
+                                                                    "connections evenly): each stream stores and "
+                                                                    "flushes its messages one at a time, so more "
+                                                                    "streams let flushes overlap",
+            "throughput_ratio_32_streams_vs_service_floor": "the service's events/s at 32 streams / the service "
+                                                            "floor's in the same rounds: a bare nats-py responder in "
+                                                            "its own process that INSERTs each event (prepared, "
+                                                            "autocommit, a pooled connection), replies, then "
+                                                            "publishes it to a JetStream file stream (pipelined; "
+                                                            "every ack checked after the run), driven by the same "
+                                                            "lean generator — no framework, validation, outbox, "
+                                                            "group commit, idempotency or version check",
+            "service_floor_over_raw_insert_32_streams": "the service floor's events/s / raw INSERT's, same rounds: "
+                                                        "what throughput_ratio_32_streams would be for that bare "
+                                                        "service",
             "throughput_ratio_32_streams_5_per_append": "the same with 5 events per append (a step's events, as the "
                                                         "runner appends them) beside raw transactions of 5 INSERTs "
                                                         "each (asyncpg executemany: pipelined, one commit)",
             "floors_exclude": "raw INSERT: no outbox row, no expected-version read, no lock, no idempotency check; "
                               "bare NATS: no FastStream, no validation, no tracing, no database",
             "cpu": "psutil user+system seconds over each run (cpu_s_per_1k_events, per side): the bench process "
-                   "itself (without its children), nats-server, Postgres (postmaster, backends, reaped children) "
-                   "and the persistence process(es); cores_busy = their sum / wall time. Other work on the "
+                   "itself (without its children), nats-server, Postgres (postmaster, backends, reaped children), "
+                   "the persistence process(es) and the floor responder (bare NATS, service floor); "
+                   "cores_busy = their sum / wall time. Other work on the "
                    "shared machine is not in it",
             "outbox_lag": "in a phase of its own before the throughput runs (8 streams of the lean generator, "
                           "2 x --events-8 events, then paced) and the 8-stream load again after the 1-replica "
