@@ -57,6 +57,42 @@ async def test_an_append_to_a_turn_wakes_its_feed_and_no_other(persistence, rpc,
         await nc.drain()
 
 
+async def test_the_append_that_creates_a_turn_stream_announces_nothing(persistence, rpc, stack):
+    # nobody can follow a turn before its stream exists (the edge's admission creates it and only then answers with
+    # its id): the creating append (expected version 0) sends no notice; the next one does
+    nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-create")
+    turn = f"t-{uuid.uuid4().hex}"
+    notices: list[int] = []
+    second, third = asyncio.Event(), asyncio.Event()
+
+    async def on_notice(msg) -> None:
+        notices.append(json.loads(msg.data)["toVersion"])
+        if notices[-1] == 2:
+            second.set()
+        if notices[-1] == 3:
+            third.set()
+
+    try:
+        await nc.subscribe(f"ctx.turn.appended.{turn}", cb=on_notice)
+        await nc.flush()
+        backends = Backends(rpc)
+        created = await backends.append_streams([(f"turn:{turn}", [abort_requested(turn)], 0)])
+        assert created[0]["toVersion"] == 1
+        await backends.append(f"turn:{turn}", [abort_requested(turn)], expected=1)
+        # one publisher connection: a notice for version 1 would have arrived before the one for version 2
+        await asyncio.wait_for(second.wait(), timeout=10)
+        assert notices == [2]
+        other = f"t-{uuid.uuid4().hex}"
+        await nc.subscribe(f"ctx.turn.appended.{other}", cb=on_notice)
+        await nc.flush()
+        await backends.append(f"turn:{other}", [abort_requested(other)], expected=0)
+        await backends.append(f"turn:{turn}", [abort_requested(turn)], expected=2)
+        await asyncio.wait_for(third.wait(), timeout=10)
+        assert notices == [2, 3]  # the single append that created `other` announced nothing either
+    finally:
+        await nc.drain()
+
+
 async def test_the_feed_hands_over_deltas_in_order_and_drops_malformed_ones(stack):
     nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-deltas")
     turn = f"t-{uuid.uuid4().hex}"

@@ -25,6 +25,14 @@ TURN_PREFIX = "turn:"
 APPENDED_SUBJECT = "ctx.turn.appended"
 
 
+def followed(stream: str, expected: int | None) -> bool:
+    """Whether an append to ``stream`` can have an SSE stream to wake: a turn stream's, unless the append created it
+    (expected version 0). A turn is followed by its id, which its creator learns only from the request that creates
+    the stream, and the edge answers 404 for a turn whose stream holds no TurnQueued: nobody follows a turn before it
+    exists."""
+    return stream.startswith(TURN_PREFIX) and expected != 0
+
+
 async def announce_appended(broker: Any, turn_id: str, to_version: int) -> None:
     """``ctx.turn.appended.<turnId>`` (core NATS, fire and forget) once an append to the turn is stored: wakes the
     SSE streams following it. A lost notice costs them their backstop poll, never an event."""
@@ -119,7 +127,7 @@ class Backends:
         req = {"streamId": stream, "expectedVersion": expected, "events": events}
         reply = await patiently(lambda: self.rpc.call("ctx.persist.append", req),
                                 within_s=self.patience_s if patience_s is None else patience_s, what=f"append {stream}")
-        if stream.startswith(TURN_PREFIX):
+        if followed(stream, expected):
             await announce_appended(self.rpc.broker, stream[len(TURN_PREFIX):], reply["toVersion"])
         return reply
 
@@ -140,8 +148,8 @@ class Backends:
                               what=f"append {', '.join(s for s, _, _ in groups)}")
         if enqueue is not None:
             enqueue.enqueued = out.get("enqueued") is True
-        for (stream, _, _), result in zip(groups, out["results"], strict=False):
-            if stream.startswith(TURN_PREFIX):
+        for (stream, _, expected), result in zip(groups, out["results"], strict=False):
+            if followed(stream, expected):
                 await announce_appended(self.rpc.broker, stream[len(TURN_PREFIX):], result["toVersion"])
         return out["results"]
 
