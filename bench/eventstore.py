@@ -86,8 +86,8 @@ TARGET_THROUGHPUT_RATIO_32 = 0.5
 FLOOR_SUBJECT = "bench.es.floor"
 # the relayed floor's own JetStream stream (file storage, the stack's NATS: sync_interval always, as CTX_EVENTS)
 RELAYED_STREAM, RELAYED_SUBJECT = "BENCH_RAW_EVENTS", "bench.raw.evt"
-# the same floor spread over RELAYED_PARTITIONS streams (an event goes to the one its stream id hashes to): does a
-# JetStream store per event still cap the floor when the stores are not serialised in one stream?
+# the same floor spread over RELAYED_PARTITIONS streams (the connections evenly, as a hash of the stream id would on
+# average): does a JetStream store per event still cap the floor when the stores are not serialised in one stream?
 RELAYED_PARTITIONS = 4
 RELAYED_PART_STREAM, RELAYED_PART_SUBJECT = "BENCH_RAW_EVENTS_P", "bench.rawp"
 # the service floor (StoreFloor, in the floor responder's process)
