@@ -156,17 +156,15 @@ async def test_outbox_relays_to_jetstream_once(persistence, rpc, nats_broker, st
     # a relay killed after the JetStream ack but before marking the row publishes it again: deduped
     conn = await asyncpg.connect(stack.env["CTX_DATABASE_URL"])
     try:
-        row = await conn.fetchrow("SELECT published_at, attempts FROM persistence.outbox WHERE position = $1",
-                                  position)
-        assert row["published_at"] is not None and row["attempts"] == 1
-        await conn.execute("UPDATE persistence.outbox SET published_at = NULL WHERE position = $1", position)
-
-        async def republished():
+        async def marked():  # the relay marks the row once JetStream has acked it: just after, not with it
             r = await conn.fetchrow("SELECT published_at, attempts FROM persistence.outbox WHERE position = $1",
                                     position)
             return r if r["published_at"] is not None else None
 
-        row = await wait_until(republished)
+        row = await wait_until(marked)
+        assert row["attempts"] == 1
+        await conn.execute("UPDATE persistence.outbox SET published_at = NULL WHERE position = $1", position)
+        row = await wait_until(marked)
         assert row["attempts"] == 2
     finally:
         await conn.close()
