@@ -328,8 +328,8 @@ class Bench:
         return eid, {"streamId": stream, "expectedVersion": version,
                      "events": [{"eventId": eid, "type": "BenchEvent", "data": payload(i)}]}
 
-    async def lean_append(self, data: bytes, to_version: int) -> None:
-        msg = await self.nc.request(APPEND_SUBJECT, data, timeout=60)
+    async def lean_append(self, data: bytes, to_version: int, subject: str = APPEND_SUBJECT) -> None:
+        msg = await self.nc.request(subject, data, timeout=60)
         check_reply(msg.data, to_version)
 
     # ---------------------------------------------------------------------------------------------- latency
@@ -392,16 +392,18 @@ class Bench:
         }
 
     # ------------------------------------------------------------------------------------------- throughput
-    async def service_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1) -> float:
+    async def service_run(self, streams: int, per_stream: int, ids: list[str], batch: int = 1,
+                          subject: str = APPEND_SUBJECT) -> float:
         """The lean load generator: ``streams`` appenders, each sending ``per_stream`` events to its own stream in
-        order, ``batch`` events per append, with nats-py's request on a plain connection; each reply checked."""
+        order, ``batch`` events per append, with nats-py's request on a plain connection; each reply checked.
+        ``subject``: the service's, or the service floor's."""
         plans = [Appends(per_stream, batch) for _ in range(streams)]
         for plan in plans:
             ids.extend(plan.ids())
 
         async def appender(plan: Appends) -> None:
             for data, to_version, _ in plan.requests:
-                await self.lean_append(data, to_version)
+                await self.lean_append(data, to_version, subject)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(appender(plan) for plan in plans))
@@ -410,16 +412,7 @@ class Bench:
     async def store_floor_run(self, streams: int, per_stream: int) -> float:
         """The service floor (:class:`StoreFloor`) driven as the service is (the same lean generator, the same
         request bytes and reply check); then, outside the timed run, every publish of the run must be acked."""
-        plans = [Appends(per_stream, 1) for _ in range(streams)]
-
-        async def appender(plan: Appends) -> None:
-            for data, to_version, _ in plan.requests:
-                msg = await self.nc.request(STORE_FLOOR_SUBJECT, data, timeout=60)
-                check_reply(msg.data, to_version)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(appender(plan) for plan in plans))
-        wall = time.perf_counter() - t0
+        wall = await self.service_run(streams, per_stream, [], subject=STORE_FLOOR_SUBJECT)
         settled = json.loads((await self.nc.request(STORE_FLOOR_SETTLE, b"", timeout=120)).data)["stored"]
         if settled != streams * per_stream:
             raise RuntimeError(f"the service floor stored {settled} of {streams * per_stream} events on JetStream")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections import defaultdict
 from types import SimpleNamespace
 
 import nats
@@ -63,14 +64,11 @@ async def test_the_append_that_creates_a_turn_stream_announces_nothing(persisten
     nc = await nats.connect(stack.env["CTX_NATS_URL"], name="wakeup-create")
     turn = f"t-{uuid.uuid4().hex}"
     notices: list[int] = []
-    second, third = asyncio.Event(), asyncio.Event()
+    arrived: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)  # by toVersion
 
     async def on_notice(msg) -> None:
         notices.append(json.loads(msg.data)["toVersion"])
-        if notices[-1] == 2:
-            second.set()
-        if notices[-1] == 3:
-            third.set()
+        arrived[notices[-1]].set()
 
     try:
         await nc.subscribe(f"ctx.turn.appended.{turn}", cb=on_notice)
@@ -80,14 +78,14 @@ async def test_the_append_that_creates_a_turn_stream_announces_nothing(persisten
         assert created[0]["toVersion"] == 1
         await backends.append(f"turn:{turn}", [abort_requested(turn)], expected=1)
         # one publisher connection: a notice for version 1 would have arrived before the one for version 2
-        await asyncio.wait_for(second.wait(), timeout=10)
+        await asyncio.wait_for(arrived[2].wait(), timeout=10)
         assert notices == [2]
         other = f"t-{uuid.uuid4().hex}"
         await nc.subscribe(f"ctx.turn.appended.{other}", cb=on_notice)
         await nc.flush()
         await backends.append(f"turn:{other}", [abort_requested(other)], expected=0)
         await backends.append(f"turn:{turn}", [abort_requested(turn)], expected=2)
-        await asyncio.wait_for(third.wait(), timeout=10)
+        await asyncio.wait_for(arrived[3].wait(), timeout=10)
         assert notices == [2, 3]  # the single append that created `other` announced nothing either
     finally:
         await nc.drain()
